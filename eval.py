@@ -1,0 +1,794 @@
+#!/usr/bin/env python3
+"""Check and time submission.py exactly as the amd-mixed-mla runner does, on any machine.
+
+Two ways to run it:
+
+1. Runner mode (a drop-in for the leaderboard runner's eval.py), chosen when POPCORN_FD is set:
+
+       POPCORN_FD=3 python eval.py test|benchmark|leaderboard|profile SPECFILE [--submission PATH]
+
+   Results go to file descriptor POPCORN_FD as `key: value` lines; every case runs in a fresh
+   spawned process (a 'spawn' pool of one worker); POPCORN_SEED, when set, is combined into each
+   case seed. Exit codes: 0 pass, 112 failed check, 2 bad mode/arguments, 111 when runner mode was
+   asked for with --popcorn but POPCORN_FD is missing or unusable.
+
+2. Human mode, when POPCORN_FD is unset (and --popcorn not given):
+
+       python eval.py test|benchmark|leaderboard|profile [SPEC] [--submission PATH] [--json PATH]
+                      [--strict] [--l2-flush default|runner|none] [--repeats N] [--spawn]
+                      [--device cpu|cuda]
+
+   Prints one table per run: route, mean +- err, best, reference time, speedup, GB/s and % of the
+   measured copy bandwidth, mismatch ratio vs the 5% limit, rel. L2 error vs float64 attention.
+   Without a GPU it uses specs/cpu.txt and says that CPU times mean nothing. Cases run in this
+   process unless --spawn. Exit codes: 0 all pass, 112 a case failed, 2 bad arguments.
+"""
+import argparse
+import base64
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+MODES = ("test", "benchmark", "leaderboard", "profile")
+EXIT_OK = 0
+EXIT_BAD_ARGS = 2
+EXIT_NO_FD = 111
+EXIT_FAIL = 112
+
+# the runner's timing parameters
+BENCH_MAX_REPEATS = 1000
+BENCH_MAX_TIME_NS = 50e9
+LEADERBOARD_MAX_REPEATS = 100
+LEADERBOARD_MAX_TIME_NS = 30e9
+WARMUP_MAX_REPEATS = 100
+WARMUP_MAX_TIME_NS = 1e8
+MAX_WALL_NS = 120e9
+RECHECK_SEED_STEP = 13
+
+# human mode extras
+KV_BYTES_PER_TOKEN = {"bf16": 1152, "fp8": 576, "mxfp4": 306}
+Q_BYTES_PER_ROW = 16 * 576 * 2  # bf16 q
+OUT_BYTES_PER_ROW = 16 * 512 * 2  # bf16 output
+DEFAULT_REL_L2_BOUND = 0.05  # strict bound for a route that declares none (fp8 level)
+REF_MAX_REPEATS = 100  # timing of ref_kernel in human mode
+REF_MAX_TIME_NS = 5e9
+CPU_MAX_REPEATS = 10  # human mode on the CPU: times mean nothing, keep it short
+CPU_MAX_TIME_NS = 5e9
+CPU_NOTE = ("NOTE: no GPU here: cases run on the CPU (Triton interpreter). CPU times mean "
+            "nothing; only the checks count.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading the submission
+
+
+def default_submission_path() -> str:
+    """submission.py in the working directory when there is one, else next to eval.py."""
+    cwd_sub = os.path.abspath("submission.py")
+    return cwd_sub if os.path.exists(cwd_sub) else os.path.join(HERE, "submission.py")
+
+
+def _prepare_environment():
+    """Import torch, and on a machine without a GPU make Triton kernels run in the interpreter
+    (must happen before the submission's kernels are decorated)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import interpreter_fixes  # the interpreter's own numerics bugs would make CPU results wrong
+
+    interpreter_fixes.apply()
+    return torch
+
+
+_LOADED = {}
+
+
+def load_submission(path: str, module_name: str = "submission"):
+    """Import the submission file at ``path`` as a module named ``module_name``.
+
+    Spawned workers use the name "submission" (as the runner's `from submission import ...`);
+    human mode in-process uses a private name so that an already imported `submission` module
+    (e.g. in a test session) is left alone."""
+    import importlib.util
+
+    path = os.path.abspath(path)
+    key = (path, module_name)
+    if key in _LOADED:
+        return _LOADED[key]
+    _prepare_environment()
+    sub_dir = os.path.dirname(path)
+    if sub_dir not in sys.path:
+        sys.path.append(sub_dir)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load a submission from {path}")
+    module = importlib.util.module_from_spec(spec)
+    previous = sys.modules.get(module_name)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if previous is not None:
+            sys.modules[module_name] = previous
+        else:
+            sys.modules.pop(module_name, None)
+        raise
+    if not callable(getattr(module, "custom_kernel", None)):
+        raise ImportError(f"{path} defines no custom_kernel(data)")
+    _LOADED[key] = module
+    return module
+
+
+def route_of(sub):
+    """(full LAST_ROUTE text or None, route name or None, ROUTE_INFO entry or {})."""
+    last = getattr(sub, "LAST_ROUTE", None)
+    if last is None:
+        return None, None, {}
+    text = str(last)
+    name = text.split()[0] if text.split() else text
+    info = getattr(sub, "ROUTE_INFO", None)
+    entry = info.get(name, {}) if isinstance(info, dict) else {}
+    return text, name, entry if isinstance(entry, dict) else {}
+
+
+def _one_line(text) -> str:
+    return " | ".join(line.rstrip() for line in str(text).strip().splitlines()) or "error"
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner's per-case procedures (used by the spawned workers and by human mode)
+
+
+def _input_args(args: dict, device=None) -> dict:
+    args = dict(args)
+    if device is not None:
+        args["device"] = device
+    return args
+
+
+def run_test_case(sub, args: dict, device=None):
+    """generate_input, clone, custom_kernel(clone), synchronize, check against the original.
+    Returns (ok, message)."""
+    import reference
+    import utils
+
+    data = reference.generate_input(**_input_args(args, device))
+    work = reference.clone_data(data)
+    output = sub.custom_kernel(work)
+    utils.synchronize(data[0].device)
+    return reference.check_implementation(data, output)
+
+
+def run_benchmark_case(sub, args: dict, *, recheck: bool, max_repeats: int, max_time_ns: float,
+                       flush_mode: str = "default", device=None, initial_check: bool = True,
+                       max_wall_ns: float = MAX_WALL_NS, flusher=None):
+    """One correctness check, then timed repeats of ONE custom_kernel(data) call each
+    (synchronize + L2 flush before each). With ``recheck`` every repeat uses a new input
+    (seed += 13) and is checked. Returns utils.Stats, or an error string."""
+    import reference
+    import utils
+
+    args = _input_args(args, device)
+    data = reference.generate_input(**args)
+    dev = data[0].device
+    if initial_check:
+        check_copy = reference.clone_data(data)
+        output = sub.custom_kernel(data)
+        utils.synchronize(dev)
+        ok, message = reference.check_implementation(check_copy, output)
+        if not ok:
+            return message
+        del output, check_copy
+    if flusher is None:
+        flusher = utils.L2Flusher(flush_mode, dev)
+    durations = []
+    wall0 = time.perf_counter_ns()
+    for _ in range(max_repeats):
+        if recheck:
+            args["seed"] = int(args["seed"]) + RECHECK_SEED_STEP
+            data = reference.generate_input(**args)
+            check_copy = reference.clone_data(data)
+        output, ns = utils.time_call(lambda: sub.custom_kernel(data), dev, flusher)
+        if recheck:
+            ok, message = reference.check_implementation(check_copy, output)
+            if not ok:
+                return message
+        del output
+        durations.append(ns)
+        if utils.should_stop(durations, time.perf_counter_ns() - wall0, max_time_ns=max_time_ns,
+                             max_wall_ns=max_wall_ns):
+            break
+    return utils.calculate_stats(durations)
+
+
+def run_profile_case(sub, args: dict, device=None) -> str:
+    """torch.profiler table of one custom_kernel call (after one warm-up call)."""
+    import torch
+    import reference
+    import utils
+
+    data = reference.generate_input(**_input_args(args, device))
+    dev = data[0].device
+    sub.custom_kernel(data)
+    utils.synchronize(dev)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        sub.custom_kernel(data)
+        utils.synchronize(dev)
+    sort_by = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort_by, row_limit=20)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spawned workers (one fresh process per case, as the runner)
+
+
+def _worker_entry(job: dict) -> dict:
+    """Runs in the spawned process: load the submission as `submission`, run one case."""
+    try:
+        sub = load_submission(job["submission"], "submission")
+        kind = job["kind"]
+        if kind == "test":
+            ok, message = run_test_case(sub, job["args"])
+            return {"ok": ok, "message": message}
+        if kind == "benchmark":
+            result = run_benchmark_case(
+                sub, job["args"], recheck=job["recheck"], max_repeats=job["max_repeats"],
+                max_time_ns=job["max_time_ns"], flush_mode=job.get("flush_mode", "default"))
+            if isinstance(result, str):
+                return {"ok": False, "message": result}
+            return {"ok": True, "stats": dataclasses.asdict(result)}
+        if kind == "profile":
+            return {"ok": True, "report": run_profile_case(sub, job["args"])}
+        if kind == "human":
+            return human_case(sub, job["args"], job["options"])
+        return {"ok": False, "message": f"unknown job kind {kind!r}"}
+    except Exception:
+        return {"ok": False, "message": traceback.format_exc()}
+
+
+def run_spawned(job: dict) -> dict:
+    """Run ``job`` in a fresh spawned process (a pool of one 'spawn' worker) and return its
+    result; a worker that dies is reported as a failure."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+            return pool.submit(_worker_entry, job).result()
+    except Exception as exc:
+        return {"ok": False, "message": f"worker process failed: {exc!r}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Runner mode (POPCORN_FD)
+
+
+class PopcornLog:
+    """`key: value` lines on the runner's file descriptor."""
+
+    def __init__(self, fd: int):
+        self.file = os.fdopen(fd, "w", closefd=False)
+
+    def log(self, key: str, value) -> None:
+        print(f"{key}: {_one_line(value) if isinstance(value, str) else value}", file=self.file,
+              flush=True)
+
+    def close(self) -> None:
+        self.file.flush()
+
+
+def popcorn_main(mode: str, spec_path: str, submission: str, fd: int) -> int:
+    import utils
+
+    try:
+        cases = utils.read_spec_file(spec_path, utils.secret_seed_from_env())
+    except (OSError, ValueError) as exc:
+        print(f"eval.py: cannot read spec file {spec_path}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    log = PopcornLog(fd)
+    passed = True
+    if mode == "test":
+        log.log("test-count", len(cases))
+        for i, case in enumerate(cases):
+            log.log(f"test.{i}.spec", case.spec)
+            res = run_spawned({"kind": "test", "submission": submission, "args": case.args})
+            if res.get("ok"):
+                log.log(f"test.{i}.status", "pass")
+                if res.get("message"):
+                    log.log(f"test.{i}.message", res["message"])
+            else:
+                passed = False
+                log.log(f"test.{i}.status", "fail")
+                log.log(f"test.{i}.error", res.get("message", "failed"))
+    elif mode in ("benchmark", "leaderboard"):
+        recheck = mode == "leaderboard"
+        if cases:  # warm-up on the first case, not reported
+            run_spawned({"kind": "benchmark", "submission": submission, "args": cases[0].args,
+                         "recheck": False, "max_repeats": WARMUP_MAX_REPEATS,
+                         "max_time_ns": WARMUP_MAX_TIME_NS})
+        log.log("benchmark-count", len(cases))
+        for i, case in enumerate(cases):
+            log.log(f"benchmark.{i}.spec", case.spec)
+            res = run_spawned({
+                "kind": "benchmark", "submission": submission, "args": case.args,
+                "recheck": recheck,
+                "max_repeats": LEADERBOARD_MAX_REPEATS if recheck else BENCH_MAX_REPEATS,
+                "max_time_ns": LEADERBOARD_MAX_TIME_NS if recheck else BENCH_MAX_TIME_NS})
+            if res.get("ok"):
+                for field in ("runs", "mean", "std", "err", "best", "worst"):
+                    log.log(f"benchmark.{i}.{field}", res["stats"][field])
+            else:
+                passed = False
+                log.log(f"benchmark.{i}.status", "fail")
+                log.log(f"benchmark.{i}.error", res.get("message", "failed"))
+                if recheck:
+                    break  # leaderboard: the first failing case stops the run
+    elif mode == "profile":
+        log.log("benchmark-count", len(cases))
+        for i, case in enumerate(cases):
+            log.log(f"benchmark.{i}.spec", case.spec)
+            res = run_spawned({"kind": "profile", "submission": submission, "args": case.args})
+            if res.get("ok"):
+                report = base64.b64encode(res["report"].encode("utf-8")).decode("ascii")
+                log.log(f"benchmark.{i}.report", report)
+            else:
+                passed = False
+                log.log(f"benchmark.{i}.status", "fail")
+                log.log(f"benchmark.{i}.error", res.get("message", "failed"))
+    log.log("check", "pass" if passed else "fail")
+    log.close()
+    return EXIT_OK if passed else EXIT_FAIL
+
+
+# ---------------------------------------------------------------------------------------------
+# Human mode
+
+
+def _label(args: dict) -> str:
+    parts = []
+    if "kv_lens" in args:
+        parts.append(f"bs={args.get('batchsize')} kv={list(args['kv_lens'])}")
+    else:
+        parts.append(f"bs={args.get('batchsize')} kv={args.get('kvseqlen')}")
+    if args.get("qseqlen", 1) != 1:
+        parts.append(f"q={args.get('qseqlen')}")
+    if "seed" in args:
+        parts.append(f"seed={args['seed']}")
+    return " ".join(parts)
+
+
+def case_bytes(data, kv_format):
+    """Bytes a route reads and writes: KV in its format, bf16 q, bf16 output (None if unknown)."""
+    per_token = KV_BYTES_PER_TOKEN.get(kv_format)
+    if per_token is None:
+        return None
+    q, kv_data = data[0], data[1]
+    total_kv = kv_data["bf16"].shape[0]
+    return total_kv * per_token + q.shape[0] * (Q_BYTES_PER_ROW + OUT_BYTES_PER_ROW)
+
+
+def _storages(obj, acc=None):
+    import torch
+
+    acc = [] if acc is None else acc
+    if isinstance(obj, torch.Tensor):
+        acc.append(obj.untyped_storage().data_ptr())
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _storages(x, acc)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _storages(x, acc)
+    return acc
+
+
+def strict_problems(output, data, second_output=None):
+    """What a strict run objects to in an output besides accuracy: type, shape, dtype, device,
+    non-finite values, aliasing an input, or the same storage returned by two calls."""
+    import torch
+
+    q = data[0]
+    want = (q.shape[0], 16, 512)
+    if not isinstance(output, torch.Tensor):
+        return [f"output is {type(output).__name__}, not a Tensor"]
+    problems = []
+    if tuple(output.shape) != want:
+        problems.append(f"shape {tuple(output.shape)} != {want}")
+    if output.dtype != torch.bfloat16:
+        problems.append(f"dtype {output.dtype} != torch.bfloat16")
+    if output.device != q.device:
+        problems.append(f"device {output.device} != {q.device}")
+    if output.numel() and not bool(torch.isfinite(output.float()).all()):
+        problems.append("output has NaN/inf")
+    if output.numel() and output.untyped_storage().data_ptr() in set(_storages(data)):
+        problems.append("output aliases an input tensor")
+    if (isinstance(second_output, torch.Tensor) and output.numel()
+            and second_output.untyped_storage().data_ptr() == output.untyped_storage().data_ptr()):
+        problems.append("two calls returned the same storage (output is not a fresh tensor)")
+    return problems
+
+
+def _time_fn(fn, dev, flusher, max_repeats, max_time_ns):
+    import utils
+
+    fn()  # warm
+    durations = []
+    wall0 = time.perf_counter_ns()
+    for _ in range(max_repeats):
+        out, ns = utils.time_call(fn, dev, flusher)
+        del out
+        durations.append(ns)
+        if utils.should_stop(durations, time.perf_counter_ns() - wall0, max_time_ns=max_time_ns):
+            break
+    return utils.calculate_stats(durations)
+
+
+def human_case(sub, args: dict, opts: dict) -> dict:
+    """One case in human mode: the runner's verdict plus strict checks, timings, bandwidth."""
+    import reference
+    import utils
+
+    mode = opts["mode"]
+    row = {"case": _label(args), "spec": opts.get("spec", ""), "args": dict(args), "ok": True,
+           "loose_ok": None, "problems": [], "message": "", "route": None, "kv_format": None,
+           "rel_l2": None, "rel_l2_bound": None, "mismatch": None, "stats": None,
+           "ref_stats": None, "bytes": None}
+    try:
+        data = reference.generate_input(**_input_args(args, opts.get("device")))
+        dev = data[0].device
+        check_copy = reference.clone_data(data)
+        work = reference.clone_data(data)
+        output = sub.custom_kernel(work)
+        utils.synchronize(dev)
+        route_text, route_name, info = route_of(sub)
+        row["route"] = route_text
+        row["kv_format"] = info.get("kv_format")
+        expected = reference.ref_kernel(check_copy)
+        ok, message = reference.compare_outputs(output, expected)
+        row["loose_ok"], row["message"] = ok, message
+        if not ok:
+            row["problems"].append("check failed")
+        valid = (hasattr(output, "shape") and tuple(output.shape) == tuple(expected.shape))
+        if valid:
+            row["mismatch"] = reference.mismatch_ratio(output, expected)
+            row["rel_l2"] = reference.rel_l2_error(output, reference.attention_float64(check_copy))
+        bound = info.get("rel_l2_bound")
+        row["rel_l2_bound"] = float(bound) if bound is not None else DEFAULT_REL_L2_BOUND
+        row["rel_l2_bound_declared"] = bound is not None
+        if opts.get("strict"):
+            second = sub.custom_kernel(reference.clone_data(data))
+            utils.synchronize(dev)
+            row["problems"] += strict_problems(output, check_copy, second)
+            del second
+            rel = row["rel_l2"]
+            if rel is not None and not (rel <= row["rel_l2_bound"]):
+                row["problems"].append(
+                    f"strict: rel L2 {rel:.4f} > bound {row['rel_l2_bound']:.4f}"
+                    + ("" if row["rel_l2_bound_declared"] else " (default; route declares none)"))
+        row["ok"] = not row["problems"]
+        del output, work, expected
+        if mode in ("benchmark", "leaderboard") and row["ok"]:
+            flusher = utils.L2Flusher(opts.get("l2_flush", "default"), dev)
+            result = run_benchmark_case(
+                sub, args, recheck=(mode == "leaderboard"), max_repeats=opts["max_repeats"],
+                max_time_ns=opts["max_time_ns"], flush_mode=opts.get("l2_flush", "default"),
+                device=opts.get("device"), initial_check=False, flusher=flusher)
+            if isinstance(result, str):
+                row["ok"] = False
+                row["problems"].append("recheck failed: " + result)
+            else:
+                row["stats"] = dataclasses.asdict(result)
+            row["ref_stats"] = dataclasses.asdict(_time_fn(
+                lambda: reference.ref_kernel(data), dev, flusher, opts["ref_max_repeats"],
+                opts["ref_max_time_ns"]))
+            row["bytes"] = case_bytes(data, row["kv_format"])
+            del flusher
+        if mode == "profile":
+            row["report"] = run_profile_case(sub, args, opts.get("device"))
+    except Exception:
+        row["ok"] = False
+        row["problems"].append("exception: " + traceback.format_exc().strip().splitlines()[-1])
+        row["traceback"] = traceback.format_exc()
+    return row
+
+
+def _fmt_us(ns):
+    return "-" if ns is None else f"{ns / 1e3:.1f}"
+
+
+def format_table(rows, mode: str, copy_bw=None) -> str:
+    """The human-mode table as text."""
+    if mode in ("benchmark", "leaderboard"):
+        head = ["case", "route", "status", "mean+-err us", "best us", "ref us", "speedup", "GB/s",
+                "%copy", "mismatch(<=5%)", "relL2 (bound)"]
+    else:
+        head = ["case", "route", "status", "mismatch(<=5%)", "relL2 (bound)"]
+    lines = []
+    for r in rows:
+        status = "pass" if r["ok"] else "FAIL"
+        mism = "-" if r.get("mismatch") is None else f"{100 * r['mismatch']:.3f}%"
+        rel = "-" if r.get("rel_l2") is None else f"{r['rel_l2']:.4f}"
+        if r.get("rel_l2_bound") is not None:
+            rel += f" ({r['rel_l2_bound']:.3g}{'' if r.get('rel_l2_bound_declared') else '*'})"
+        route = r.get("route") or "-"
+        if mode in ("benchmark", "leaderboard"):
+            st, ref = r.get("stats"), r.get("ref_stats")
+            mean = f"{st['mean'] / 1e3:.1f}+-{st['err'] / 1e3:.1f}" if st else "-"
+            best = _fmt_us(st["best"]) if st else "-"
+            ref_us = _fmt_us(ref["mean"]) if ref else "-"
+            speed = f"{ref['mean'] / st['mean']:.2f}x" if st and ref and st["mean"] > 0 else "-"
+            gbs = pct = "-"
+            if st and r.get("bytes") and st["mean"] > 0:
+                g = r["bytes"] / st["mean"]
+                gbs = f"{g:.0f}" if g >= 10 else f"{g:.2f}"
+                if copy_bw:
+                    pct = f"{100 * g / copy_bw:.1f}%"
+            lines.append([r["case"], route, status, mean, best, ref_us, speed, gbs, pct, mism, rel])
+        else:
+            lines.append([r["case"], route, status, mism, rel])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    out = ["  ".join(str(x).ljust(w) for x, w in zip(head, widths))]
+    out.append("  ".join("-" * w for w in widths))
+    for line in lines:
+        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
+    for r in rows:
+        if r["problems"]:
+            out.append(f"FAIL {r['case']}: " + "; ".join(r["problems"]))
+            if r.get("message") and "check failed" in r["problems"]:
+                out.append(f"     {r['message']}")
+    if any(r.get("rel_l2_bound") is not None and not r.get("rel_l2_bound_declared")
+           for r in rows):
+        out.append(f"* route declares no rel_l2_bound in ROUTE_INFO: default "
+                   f"{DEFAULT_REL_L2_BOUND} used")
+    return "\n".join(out)
+
+
+def _default_spec(mode: str, on_gpu: bool) -> str:
+    if not on_gpu:
+        return os.path.join(HERE, "specs", "cpu.txt")
+    name = "tests.txt" if mode == "test" else "benchmarks.txt"
+    return os.path.join(HERE, "specs", name)
+
+
+def _progress_bar(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is optional
+        return None
+    # disable=None: no bar when stderr is not a terminal; delay: only runs longer than 3 s
+    return tqdm(total=total, desc=desc, unit="case", delay=3.0, file=sys.stderr,
+                leave=False, dynamic_ncols=True, disable=None)
+
+
+def human_main(opts) -> int:
+    torch = _prepare_environment()
+    import reference
+    import utils
+    import triton
+
+    device = utils.get_device(opts.device)
+    on_gpu = device.type == "cuda"
+    spec_path = opts.spec or _default_spec(opts.mode, on_gpu)
+    if not os.path.exists(spec_path):
+        print(f"eval.py: spec file {spec_path} not found", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    submission = os.path.abspath(opts.submission or default_submission_path())
+    if not os.path.exists(submission):
+        print(f"eval.py: submission {submission} not found", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    try:
+        cases = utils.read_spec_file(spec_path, utils.secret_seed_from_env())
+    except (OSError, ValueError) as exc:
+        print(f"eval.py: cannot read spec file {spec_path}: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+
+    max_repeats = BENCH_MAX_REPEATS if on_gpu else CPU_MAX_REPEATS
+    max_time_ns = BENCH_MAX_TIME_NS if on_gpu else CPU_MAX_TIME_NS
+    if opts.mode == "leaderboard":
+        max_repeats = LEADERBOARD_MAX_REPEATS if on_gpu else CPU_MAX_REPEATS
+        max_time_ns = LEADERBOARD_MAX_TIME_NS if on_gpu else CPU_MAX_TIME_NS
+    ref_max_repeats = REF_MAX_REPEATS if on_gpu else CPU_MAX_REPEATS
+    if opts.repeats is not None:
+        max_repeats = ref_max_repeats = opts.repeats
+    case_opts = {"mode": opts.mode, "strict": opts.strict, "l2_flush": opts.l2_flush,
+                 "device": str(device), "max_repeats": max_repeats, "max_time_ns": max_time_ns,
+                 "ref_max_repeats": ref_max_repeats,
+                 "ref_max_time_ns": REF_MAX_TIME_NS if on_gpu else CPU_MAX_TIME_NS}
+
+    print(f"eval.py {opts.mode} {os.path.relpath(spec_path)} | device: {utils.device_name(device)}"
+          f" | torch {torch.__version__} | triton {triton.__version__}"
+          f" | aiter: {'yes' if reference.HAVE_AITER else 'no'}"
+          f" | {'strict' if opts.strict else 'loose (runner) check only'}"
+          f"{' | spawned process per case' if opts.spawn else ''}")
+    print(f"submission: {submission}")
+    if not on_gpu:
+        print(CPU_NOTE)
+    copy_bw = None
+    if opts.mode in ("benchmark", "leaderboard"):
+        copy_bw = utils.copy_bandwidth(device)
+        flush_text = {"default": f"{utils.default_flush_bytes(device) >> 20} MiB buffer zeroed",
+                      "runner": "runner's 16000x1024x1024 float32 randn (62.5 GiB)",
+                      "none": "none"}[opts.l2_flush if on_gpu else "none"]
+        print(f"copy bandwidth: {copy_bw:.0f} GB/s (device-to-device copy, read + write); "
+              f"L2 flush before each timed call: {flush_text}")
+
+    sub = None
+    if not opts.spawn:
+        try:
+            sub = load_submission(submission, "_eval_submission")
+        except Exception:
+            print(f"eval.py: cannot import {submission}:\n{traceback.format_exc()}",
+                  file=sys.stderr)
+            return EXIT_FAIL
+        if opts.mode in ("benchmark", "leaderboard") and cases:  # warm-up, not reported
+            try:
+                run_benchmark_case(sub, cases[0].args, recheck=False,
+                                   max_repeats=min(WARMUP_MAX_REPEATS, max_repeats),
+                                   max_time_ns=WARMUP_MAX_TIME_NS, flush_mode="none",
+                                   device=str(device))
+            except Exception:
+                pass  # the case itself reports the problem
+
+    rows = []
+    bar = _progress_bar(len(cases), opts.mode)
+    for case in cases:
+        if bar is not None:
+            bar.set_postfix_str(_label(case.args), refresh=False)
+        copts = dict(case_opts, spec=case.spec)
+        if opts.spawn:
+            res = run_spawned({"kind": "human", "submission": submission, "args": case.args,
+                               "options": copts})
+            if "case" not in res:  # the worker itself failed
+                res = {"case": _label(case.args), "spec": case.spec, "ok": False,
+                       "problems": [_one_line(res.get("message", "worker failed"))]}
+        else:
+            res = human_case(sub, case.args, copts)
+        rows.append(res)
+        if bar is not None:
+            bar.update(1)
+        if opts.mode == "leaderboard" and not res["ok"]:
+            break  # as the runner: the first failing case stops the run
+    if bar is not None:
+        bar.close()
+
+    for r in rows:  # derived numbers, for the JSON
+        st, ref = r.get("stats"), r.get("ref_stats")
+        if st and st["mean"] > 0:
+            if ref:
+                r["speedup"] = ref["mean"] / st["mean"]
+            if r.get("bytes"):
+                r["gbs"] = r["bytes"] / st["mean"]
+                if copy_bw:
+                    r["fraction_of_copy_bw"] = r["gbs"] / copy_bw
+    print(format_table(rows, opts.mode, copy_bw))
+    passed = all(r["ok"] for r in rows) and len(rows) == len(cases)
+    summary = {}
+    if opts.mode in ("benchmark", "leaderboard"):
+        means = [r["stats"]["mean"] for r in rows if r.get("stats")]
+        refs = [r["ref_stats"]["mean"] for r in rows if r.get("ref_stats")]
+        if means and len(means) == len(rows):
+            summary["geomean_ns"] = utils.geomean(means)
+            line = f"geometric mean of the means: {summary['geomean_ns'] / 1e3:.2f} us"
+            if len(refs) == len(rows):
+                summary["ref_geomean_ns"] = utils.geomean(refs)
+                line += (f" (reference {summary['ref_geomean_ns'] / 1e3:.2f} us, speedup "
+                         f"{summary['ref_geomean_ns'] / summary['geomean_ns']:.2f}x)")
+            print(line)
+        else:
+            print("geometric mean of the means: n/a (some case has no timing)")
+        if not on_gpu:
+            print("(CPU times: meaningless for the leaderboard)")
+    if opts.mode == "profile":
+        for r in rows:
+            if r.get("report"):
+                print(f"\n=== profile {r['case']} ===\n{r['report']}")
+    print(f"check: {'pass' if passed else 'fail'}")
+    if opts.json:
+        payload = {
+            "mode": opts.mode, "spec_file": spec_path, "submission": submission,
+            "device": str(device), "device_name": utils.device_name(device),
+            "torch": torch.__version__, "triton": triton.__version__,
+            "have_aiter": reference.HAVE_AITER, "strict": bool(opts.strict),
+            "l2_flush": opts.l2_flush if on_gpu else "none", "copy_bandwidth_gbs": copy_bw,
+            "cpu_times_meaningless": not on_gpu, "cases": rows, "passed": passed, **summary}
+        with open(opts.json, "w") as f:
+            json.dump(payload, f, indent=2, default=str)
+    return EXIT_OK if passed else EXIT_FAIL
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="eval.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", help="|".join(MODES))
+    p.add_argument("spec", nargs="?", default=None,
+                   help="spec file (default: specs/tests.txt or specs/benchmarks.txt on a GPU, "
+                        "specs/cpu.txt without one)")
+    p.add_argument("--submission", default=None,
+                   help="submission file (default: ./submission.py, else the repo's)")
+    p.add_argument("--json", default=None, help="write all results to this JSON file")
+    p.add_argument("--strict", action="store_true",
+                   help="also fail on rel. L2 error above the route's bound, non-finite, "
+                        "wrong shape/dtype, or non-fresh outputs")
+    p.add_argument("--l2-flush", default="default", choices=("default", "runner", "none"),
+                   help="default: zero a buffer of 4x L2 (>= 512 MiB); runner: the runner's "
+                        "62.5 GiB randn allocation; none")
+    p.add_argument("--repeats", type=int, default=None, help="at most N timed repeats per case")
+    p.add_argument("--spawn", action="store_true",
+                   help="run each case in a fresh spawned process, as the runner")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if any)")
+    p.add_argument("--popcorn", action="store_true",
+                   help="runner mode: requires POPCORN_FD (exit 111 without it)")
+    return p
+
+
+class _ArgError(Exception):
+    pass
+
+
+def _parse(argv):
+    parser = _parser()
+
+    def error(message):
+        raise _ArgError(message)
+
+    parser.error = error
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        _parser().print_help()
+        return EXIT_OK
+    try:
+        opts = _parse(argv)
+    except _ArgError as exc:
+        print(f"eval.py: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    fd_text = os.environ.get("POPCORN_FD")
+    if fd_text is not None or opts.popcorn:
+        if fd_text is None or not fd_text.strip().isdigit():
+            print("eval.py: runner mode needs POPCORN_FD set to an open file descriptor",
+                  file=sys.stderr)
+            return EXIT_NO_FD
+        fd = int(fd_text)
+        try:
+            os.fstat(fd)
+        except OSError:
+            print(f"eval.py: POPCORN_FD={fd} is not an open file descriptor", file=sys.stderr)
+            return EXIT_NO_FD
+        if opts.mode not in MODES or opts.spec is None or not os.path.exists(opts.spec):
+            print(f"eval.py: usage: POPCORN_FD=N python eval.py {'|'.join(MODES)} SPECFILE",
+                  file=sys.stderr)
+            return EXIT_BAD_ARGS
+        _prepare_environment()
+        submission = os.path.abspath(opts.submission or default_submission_path())
+        return popcorn_main(opts.mode, opts.spec, submission, fd)
+    if opts.mode not in MODES:
+        print(f"eval.py: unknown mode {opts.mode!r}; expected one of {', '.join(MODES)}",
+              file=sys.stderr)
+        return EXIT_BAD_ARGS
+    if opts.repeats is not None and opts.repeats < 1:
+        print("eval.py: --repeats must be >= 1", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    return human_main(opts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""eval.py: the runner drop-in (POPCORN_FD, spawned processes, exit codes, secret seed) and the
+human mode (tables, JSON, strict accuracy), driven with tiny fake submissions."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import eval as ev
+import reference as R
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A submission that returns the reference for short KV and zeros for longer KV (zeros fail the
+# check there), and records a hash of every q it is called with.
+PICKY = '''
+import hashlib, os
+import torch
+from task import input_t, output_t
+import reference
+
+LAST_ROUTE = None
+ROUTE_INFO = {"ref": {"kv_format": "fp8", "rel_l2_bound": 0.05},
+              "zeros": {"kv_format": "bf16", "rel_l2_bound": 0.05}}
+
+
+def custom_kernel(data: input_t) -> output_t:
+    global LAST_ROUTE
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    record = os.environ.get("EVAL_TEST_RECORD")
+    if record:
+        with open(record, "a") as f:
+            f.write(hashlib.sha1(q.view(torch.int16).cpu().numpy().tobytes()).hexdigest() + "\\n")
+    if config["kv_seq_len"] < 40:
+        LAST_ROUTE = "ref {}"
+        return reference.ref_kernel(data)
+    LAST_ROUTE = "zeros {}"
+    return torch.zeros(q.shape[0], 16, 512, dtype=torch.bfloat16, device=q.device)
+'''
+
+ZEROS = '''
+import torch
+LAST_ROUTE = "zeros"
+ROUTE_INFO = {"zeros": {"kv_format": "bf16", "rel_l2_bound": 0.05}}
+def custom_kernel(data):
+    q = data[0]
+    return torch.zeros(q.shape[0], 16, 512, dtype=torch.bfloat16, device=q.device)
+'''
+
+BARE = '''
+import reference
+def custom_kernel(data):
+    return reference.ref_kernel(data)
+'''
+
+CACHED = '''
+import reference
+_OUT = {}
+LAST_ROUTE = "cached"
+ROUTE_INFO = {"cached": {"kv_format": "fp8", "rel_l2_bound": 0.05}}
+def custom_kernel(data):
+    out = reference.ref_kernel(data)
+    key = tuple(out.shape)
+    if key not in _OUT:
+        _OUT[key] = out
+    _OUT[key].copy_(out)
+    return _OUT[key]
+'''
+
+ONE_NAN = '''
+import reference
+LAST_ROUTE = "nan"
+def custom_kernel(data):
+    out = reference.ref_kernel(data)
+    out.view(-1)[3] = float("nan")
+    return out
+'''
+
+SPEC3 = ("batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 5\n"
+         "batchsize: 2; qseqlen: 1; kvseqlen: 45; seed: 6\n"
+         "batchsize: 1; qseqlen: 1; kvseqlen: 20; seed: 7\n")
+
+
+def q_hash(seed, bs=1, kv=16):
+    q = R.generate_input(bs, 1, kv, seed, device="cpu")[0]
+    return hashlib.sha1(q.view(torch.int16).numpy().tobytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def subs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("subs")
+    paths = {}
+    for name, text in [("picky", PICKY), ("zeros", ZEROS), ("bare", BARE), ("cached", CACHED),
+                       ("nan", ONE_NAN)]:
+        d = root / name
+        d.mkdir()
+        (d / "submission.py").write_text(textwrap.dedent(text))
+        paths[name] = str(d / "submission.py")
+    spec3 = root / "spec3.txt"
+    spec3.write_text(SPEC3)
+    paths["spec3"] = str(spec3)
+    return paths
+
+
+def run_popcorn(args, tmp_path, *, sub_dir=None, env_extra=None, fd=True):
+    """Run eval.py as the runner does; returns (exit code, {key: value}, ordered keys, stderr)."""
+    out_path = tmp_path / "popcorn.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("POPCORN_FD", "POPCORN_SEED")}
+    env.update(env_extra or {})
+    with open(out_path, "w") as f:
+        pass_fds = ()
+        if fd:
+            env["POPCORN_FD"] = str(f.fileno())
+            pass_fds = (f.fileno(),)
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "eval.py"), *args],
+                              cwd=sub_dir or REPO, env=env, pass_fds=pass_fds,
+                              capture_output=True, text=True, timeout=300)
+    keys, values = [], {}
+    for line in out_path.read_text().splitlines():
+        key, _, value = line.partition(": ")
+        keys.append(key)
+        values[key] = value
+    return proc.returncode, values, keys, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Runner mode
+
+
+def test_popcorn_test_mode_statuses_exit_code_and_secret_seed(subs, tmp_path):
+    record = tmp_path / "record.txt"
+    # run from the submission's directory, as the runner does (./submission.py)
+    rc, kv, keys, err = run_popcorn(
+        ["test", subs["spec3"]], tmp_path, sub_dir=os.path.dirname(subs["picky"]),
+        env_extra={"POPCORN_SEED": "123", "EVAL_TEST_RECORD": str(record)})
+    assert rc == 112, err
+    assert kv["test-count"] == "3"
+    assert kv["test.0.spec"] == "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 5"
+    assert kv["test.0.status"] == "pass" and "mismatch ratio" in kv["test.0.message"]
+    assert kv["test.1.status"] == "fail" and "mismatch ratio" in kv["test.1.error"]
+    assert kv["test.2.status"] == "pass"
+    assert keys[-1] == "check" and kv["check"] == "fail"
+    # every case's seed a became a + (a + b)(a + b + 1) / 2 with b = POPCORN_SEED
+    def cantor(a, b=123):
+        return a + (a + b) * (a + b + 1) // 2
+
+    calls = record.read_text().split()
+    assert calls == [q_hash(cantor(5)), q_hash(cantor(6), bs=2, kv=45), q_hash(cantor(7), kv=20)]
+
+
+def test_popcorn_test_mode_all_pass(subs, tmp_path):
+    spec = tmp_path / "one.txt"
+    spec.write_text("batchsize: 2; qseqlen: 1; kvseqlen: 30; seed: 9\n")
+    rc, kv, keys, err = run_popcorn(["test", str(spec), "--submission", subs["picky"]], tmp_path)
+    assert rc == 0, err
+    assert keys == ["test-count", "test.0.spec", "test.0.status", "test.0.message", "check"]
+    assert kv["check"] == "pass"
+
+
+def test_popcorn_benchmark_mode_continues_after_a_failure(subs, tmp_path):
+    spec = tmp_path / "two.txt"
+    spec.write_text("batchsize: 2; qseqlen: 1; kvseqlen: 45; seed: 6\n"
+                    "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 5\n")
+    rc, kv, keys, err = run_popcorn(["benchmark", str(spec), "--submission", subs["picky"]],
+                                    tmp_path)
+    assert rc == 112, err
+    assert kv["benchmark-count"] == "2"
+    assert kv["benchmark.0.status"] == "fail" and "mismatch ratio" in kv["benchmark.0.error"]
+    runs = int(kv["benchmark.1.runs"])
+    assert 3 <= runs <= 1000
+    mean, std, e = (float(kv[f"benchmark.1.{k}"]) for k in ("mean", "std", "err"))
+    best, worst = float(kv["benchmark.1.best"]), float(kv["benchmark.1.worst"])
+    assert 0 < best <= mean <= worst
+    assert e == pytest.approx(std / runs**0.5, rel=1e-6)
+    assert kv["check"] == "fail"
+
+
+def test_popcorn_leaderboard_rechecks_new_seeds_and_stops_at_first_failure(subs, tmp_path):
+    record = tmp_path / "record.txt"
+    rc, kv, keys, err = run_popcorn(
+        ["leaderboard", subs["spec3"], "--submission", subs["picky"]], tmp_path,
+        env_extra={"EVAL_TEST_RECORD": str(record)})
+    assert rc == 112, err
+    assert 3 <= int(kv["benchmark.0.runs"]) <= 100
+    assert kv["benchmark.1.status"] == "fail"
+    assert "benchmark.2.spec" not in kv  # the first failing case stops the run
+    assert kv["check"] == "fail"
+    calls = record.read_text().split()
+    # case 0 after the warm-up: the check on seed 5, then every repeat a new input, seed += 13
+    want = [q_hash(5)] + [q_hash(5 + 13 * k) for k in (1, 2, 3)]
+    starts = [i for i in range(len(calls) - 3) if calls[i:i + 4] == want]
+    assert starts, "no check + recheck sequence seed 5, 18, 31, 44 recorded"
+
+
+def test_popcorn_profile_mode(subs, tmp_path):
+    spec = tmp_path / "one.txt"
+    spec.write_text("batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 5\n")
+    rc, kv, keys, err = run_popcorn(["profile", str(spec), "--submission", subs["picky"]],
+                                    tmp_path)
+    assert rc == 0, err
+    import base64
+
+    report = base64.b64decode(kv["benchmark.0.report"]).decode()
+    assert "Name" in report and "CPU" in report
+    assert kv["check"] == "pass"
+
+
+def test_popcorn_bad_arguments_exit_2(tmp_path):
+    rc, kv, _, _ = run_popcorn(["bogus", os.path.join(REPO, "specs", "cpu.txt")], tmp_path)
+    assert rc == 2 and kv == {}
+    rc, _, _, _ = run_popcorn(["test"], tmp_path)
+    assert rc == 2
+    rc, _, _, _ = run_popcorn(["test", str(tmp_path / "missing.txt")], tmp_path)
+    assert rc == 2
+    bad = tmp_path / "bad.txt"
+    bad.write_text("batchsize 4\n")
+    rc, kv, _, _ = run_popcorn(["test", str(bad)], tmp_path)
+    assert rc == 2 and kv == {}
+
+
+def test_popcorn_flag_without_fd_exits_111(tmp_path):
+    rc, _, _, err = run_popcorn(["--popcorn", "test", "specs/cpu.txt"], tmp_path, fd=False)
+    assert rc == 111 and "POPCORN_FD" in err
+    rc, _, _, _ = run_popcorn(["test", "specs/cpu.txt"], tmp_path, fd=False,
+                              env_extra={"POPCORN_FD": "97"})
+    assert rc == 111
+
+
+# ---------------------------------------------------------------------------------------------
+# Human mode (in-process)
+
+
+@pytest.fixture
+def no_popcorn(monkeypatch):
+    monkeypatch.delenv("POPCORN_FD", raising=False)
+    monkeypatch.delenv("POPCORN_SEED", raising=False)
+
+
+def human(args, tmp_path):
+    out = tmp_path / "r.json"
+    rc = ev.main([*args, "--json", str(out)])
+    return rc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def write_spec(tmp_path, text, name="s.txt"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_human_test_mode_strict_pass(subs, tmp_path, no_popcorn, capsys):
+    spec = write_spec(tmp_path, "batchsize: 2; qseqlen: 1; kvseqlen: 16; seed: 1\n"
+                                "batchsize: 3; qseqlen: 1; kvseqlen: 33; seed: 2\n")
+    rc, js = human(["test", spec, "--submission", subs["picky"], "--strict"], tmp_path)
+    assert rc == 0
+    assert js["passed"] and js["strict"] and len(js["cases"]) == 2
+    row = js["cases"][0]
+    assert row["route"] == "ref {}" and row["kv_format"] == "fp8"
+    assert row["mismatch"] == 0.0 and 0.001 < row["rel_l2"] < row["rel_l2_bound"] == 0.05
+    text = capsys.readouterr().out
+    assert "check: pass" in text and "CPU times mean nothing" in text
+
+
+def test_zeros_pass_the_loose_check_but_fail_strict(subs, tmp_path, no_popcorn):
+    # long KV: zeros are within atol for > 95% of the elements (see test_reference)
+    spec = write_spec(tmp_path, "batchsize: 2; qseqlen: 1; kvseqlen: 2000; seed: 62\n")
+    rc, js = human(["test", spec, "--submission", subs["zeros"]], tmp_path)
+    assert rc == 0 and js["cases"][0]["loose_ok"]
+    rc, js = human(["test", spec, "--submission", subs["zeros"], "--strict"], tmp_path)
+    row = js["cases"][0]
+    assert rc == 112 and row["loose_ok"] and not row["ok"]
+    assert any("rel L2" in p for p in row["problems"])
+    assert row["rel_l2"] == pytest.approx(1.0)
+
+
+def test_zeros_fail_everything_on_cpu_specs(subs, tmp_path, no_popcorn):
+    rc, js = human(["test", os.path.join(REPO, "specs", "cpu.txt"), "--submission",
+                    subs["zeros"], "--strict"], tmp_path)
+    assert rc == 112 and not any(r["ok"] for r in js["cases"])
+
+
+def test_submission_without_route_info(subs, tmp_path, no_popcorn, capsys):
+    spec = write_spec(tmp_path, "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 1\n")
+    rc, js = human(["test", spec, "--submission", subs["bare"], "--strict"], tmp_path)
+    assert rc == 0
+    row = js["cases"][0]
+    assert row["route"] is None and row["rel_l2_bound"] == ev.DEFAULT_REL_L2_BOUND
+    assert not row["rel_l2_bound_declared"]
+    assert "declares no rel_l2_bound" in capsys.readouterr().out
+
+
+def test_strict_catches_stale_outputs_and_nan(subs, tmp_path, no_popcorn):
+    spec = write_spec(tmp_path, "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 1\n")
+    rc, js = human(["test", spec, "--submission", subs["cached"]], tmp_path)
+    assert rc == 0  # the runner's check cannot see it
+    rc, js = human(["test", spec, "--submission", subs["cached"], "--strict"], tmp_path)
+    assert rc == 112 and any("same storage" in p for p in js["cases"][0]["problems"])
+    rc, js = human(["test", spec, "--submission", subs["nan"], "--strict"], tmp_path)
+    assert rc == 112 and any("NaN" in p for p in js["cases"][0]["problems"])
+
+
+def test_human_benchmark_table_and_json(subs, tmp_path, no_popcorn, capsys):
+    spec = write_spec(tmp_path, "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 1\n"
+                                "batchsize: 2; qseqlen: 1; kvseqlen: 20; seed: 2\n")
+    rc, js = human(["benchmark", spec, "--submission", subs["picky"], "--strict",
+                    "--repeats", "3"], tmp_path)
+    assert rc == 0
+    assert js["copy_bandwidth_gbs"] > 0 and js["cpu_times_meaningless"]
+    for row in js["cases"]:
+        assert row["stats"]["runs"] == 3 and row["ref_stats"]["runs"] == 3
+    row = js["cases"][1]
+    assert row["bytes"] == 40 * 576 + 2 * (16 * 576 * 2 + 16 * 512 * 2)
+    assert row["gbs"] == pytest.approx(row["bytes"] / row["stats"]["mean"])
+    assert row["speedup"] == pytest.approx(row["ref_stats"]["mean"] / row["stats"]["mean"])
+    assert row["fraction_of_copy_bw"] == pytest.approx(row["gbs"] / js["copy_bandwidth_gbs"])
+    assert js["geomean_ns"] > 0 and js["ref_geomean_ns"] > 0
+    text = capsys.readouterr().out
+    for column in ("route", "mean+-err us", "ref us", "speedup", "GB/s", "%copy",
+                   "mismatch(<=5%)", "relL2 (bound)", "geometric mean of the means"):
+        assert column in text
+
+
+def test_human_leaderboard_stops_at_first_failure(subs, tmp_path, no_popcorn):
+    rc, js = human(["leaderboard", subs["spec3"], "--submission", subs["picky"],
+                    "--repeats", "3"], tmp_path)
+    assert rc == 112
+    assert [r["ok"] for r in js["cases"]] == [True, False]
+
+
+def test_human_spawn_mode(subs, tmp_path, no_popcorn):
+    spec = write_spec(tmp_path, "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 1\n")
+    rc, js = human(["test", spec, "--submission", subs["picky"], "--strict", "--spawn"],
+                   tmp_path)
+    assert rc == 0 and js["cases"][0]["route"] == "ref {}"
+
+
+def test_human_bad_arguments(tmp_path, no_popcorn):
+    assert ev.main(["bogus"]) == 2
+    assert ev.main(["test", "--l2-flush", "sometimes"]) == 2
+    assert ev.main(["test", "--repeats", "0"]) == 2
+    assert ev.main(["test", str(tmp_path / "missing.txt")]) == 2
+    assert ev.main(["test", write_spec(tmp_path, "batchsize 4\n")]) == 2
+    assert ev.main(["--popcorn", "test"]) == 111
+
+
+def test_case_bytes_per_format():
+    data = R.generate_input(2, 1, 10, 1, device="cpu")
+    extra = 2 * (16 * 576 * 2 + 16 * 512 * 2)
+    assert ev.case_bytes(data, "bf16") == 20 * 1152 + extra
+    assert ev.case_bytes(data, "fp8") == 20 * 576 + extra
+    assert ev.case_bytes(data, "mxfp4") == 20 * 306 + extra
+    assert ev.case_bytes(data, None) is None

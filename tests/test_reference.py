@@ -1,0 +1,354 @@
+"""reference.py: quantisers (golden MXFP4 bytes), inputs, the portable reference, the check."""
+import math
+
+import pytest
+import torch
+
+import reference as R
+
+# ---------------------------------------------------------------------------------------------
+# MXFP4
+
+
+@pytest.fixture(scope="module")
+def golden(golden_mxfp4_path):
+    return torch.load(golden_mxfp4_path)
+
+
+def test_mxfp4_is_bit_exact_with_aiter_golden(golden):
+    x = golden["x_bf16"]
+    data, scales = R.quantize_mxfp4(x, use_aiter=False)
+    rows = x.shape[0]
+    packed = data.view(torch.uint8)
+    want_packed = golden["fp4_packed_uint8"]
+    want_scales = golden["scale_e8m0_uint8"]
+    assert packed.shape == want_packed.shape == (rows, 288)
+    bad = (packed != want_packed).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} packed bytes differ, first at {bad[:5].tolist()}"
+    got_scales = scales.view(torch.uint8)[:rows, :18]
+    bad = (got_scales != want_scales).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} scale bytes differ, first at {bad[:5].tolist()}"
+    # the edge rows one by one, for a readable failure
+    for r in range(6):
+        assert torch.equal(packed[r], want_packed[r]), f"edge row {r}"
+        assert torch.equal(got_scales[r], want_scales[r]), f"edge row {r} scales"
+
+
+def test_mxfp4_dtypes_and_padded_layout(golden):
+    x = golden["x_bf16"]
+    data, scales = R.quantize_mxfp4(x, use_aiter=False)
+    assert data.dtype == torch.float4_e2m1fn_x2
+    assert scales.dtype == torch.float8_e8m0fnu
+    assert scales.shape == (512, 24)  # ceil(300/256)*256 rows, 18 scales padded to 24
+    pad = scales.view(torch.uint8)
+    assert int(pad[300:].sum()) == 0 and int(pad[:, 18:].sum()) == 0
+    assert R.mxfp4_scale_shape(1) == (256, 24)
+    assert R.mxfp4_scale_shape(256) == (256, 24)
+    assert R.mxfp4_scale_shape(257) == (512, 24)
+    # leading dims are kept: (rows, 1, 576) -> (rows, 1, 288)
+    d3, s3 = R.quantize_mxfp4(x[:10].reshape(10, 1, 576), use_aiter=False)
+    assert d3.shape == (10, 1, 288) and s3.shape == (256, 24)
+    assert torch.equal(d3.view(torch.uint8).reshape(10, 288), data.view(torch.uint8)[:10])
+
+
+def test_mxfp4_round_trip(golden):
+    x = golden["x_bf16"]
+    data, scales = R.quantize_mxfp4(x, use_aiter=False)
+    deq = R.dequantize_mxfp4(data, scales, rows=300)
+    assert deq.dtype == torch.float32 and deq.shape == (300, 576)
+    assert torch.count_nonzero(deq[0]) == 0  # all-zero row stays zero
+    xf = x.float()
+    rel = (deq[6:] - xf[6:]).norm(dim=1) / xf[6:].norm(dim=1)
+    assert 0.05 < rel.mean().item() < 0.15  # about 11% on randn rows
+    # dequantised values are on the grid: quantising them again gives the same bytes
+    d2, s2 = R.quantize_mxfp4(deq.to(torch.bfloat16), use_aiter=False)
+    assert torch.equal(d2.view(torch.uint8)[6:], data.view(torch.uint8)[6:])
+    assert torch.equal(s2.view(torch.uint8)[6:300], scales.view(torch.uint8)[6:300])
+
+
+def test_mxfp4_rounding_rules():
+    # amax 7 rounds up to 8 at mantissa bit 21 -> e = floor(log2 8) - 2 = 1 -> scale byte 128
+    x = torch.tensor([7.0] + [0.0] * 31).reshape(1, 32)
+    assert R.quantize_mxfp4(x, use_aiter=False)[1].view(torch.uint8)[0, 0].item() == 128
+    # amax 6 -> e = 0; midpoints round away from zero; 0.2 rounds to 0
+    vals = [6.0, 5.0, 3.5, 2.5, 1.75, 1.25, 0.75, 0.25, 0.2]
+    x = torch.tensor(vals + [-v for v in vals] + [0.0] * 14, dtype=torch.float32).reshape(1, 32)
+    data, scales = R.quantize_mxfp4(x, use_aiter=False)
+    assert scales.view(torch.uint8)[0, 0].item() == 127
+    deq = R.dequantize_mxfp4(data, scales)[0, :18].tolist()
+    want = [6.0, 6.0, 4.0, 3.0, 2.0, 1.5, 1.0, 0.5, 0.0]
+    assert deq == want + [-v for v in want]
+    packed = data.view(torch.uint8)[0]
+    assert packed[4].item() == 0xF0  # even index 8 (0.2 -> +0) low, index 9 (-6 -> 0xF) high
+    # the sign bit is kept when the magnitude rounds to zero: -0.2 -> code 8 (-0), as aiter
+    assert packed[8].item() == 0x89  # index 16 (-0.25 -> -0.5, 0x9) low, index 17 (-0.2) high
+    with pytest.raises(ValueError):
+        R.quantize_mxfp4(torch.zeros(2, 33))
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8
+
+
+def test_fp8_scale_round_trip_and_clamp():
+    torch.manual_seed(0)
+    x = torch.randn(64, 576).to(torch.bfloat16)
+    data, scale = R.quantize_fp8(x)
+    assert data.dtype == torch.float8_e4m3fn and data.shape == x.shape
+    assert scale.dtype == torch.float32 and scale.shape == (1,)
+    amax = x.float().abs().max()
+    assert scale.item() == pytest.approx(amax.item() / 448.0, rel=1e-6)
+    deq = R.dequantize_fp8(data, scale)
+    # the largest element maps to the top of the fp8 range
+    assert data.float().abs().max().item() == 448.0
+    # e4m3: 3 mantissa bits -> relative error <= 2^-4 for normals, plus the subnormal step
+    err = (deq - x.float()).abs()
+    bound = x.float().abs() * 2.0**-4 + scale.item() * 2.0**-9
+    assert bool((err <= bound * (1 + 1e-6)).all())
+    rel = (deq - x.float()).norm() / x.float().norm()
+    assert rel.item() < 0.03
+    # clamping: amax / (amax / 448) can land just above 448 in float32; the data must still
+    # top out at exactly +-448 (never NaN)
+    amax = torch.rand(20000, generator=torch.Generator().manual_seed(1)) * 100 + 1e-3
+    over = amax[(amax / (amax / 448.0)) > 448.0]
+    assert over.numel() > 0
+    for a in over[:20].tolist():
+        d, s = R.quantize_fp8(torch.tensor([a, -a, a / 3]))
+        assert d.float().tolist()[:2] == [448.0, -448.0]
+
+
+def test_fp8_zero_tensor_and_fnuz():
+    data, scale = R.quantize_fp8(torch.zeros(4, 8))
+    assert scale.item() == pytest.approx(1e-12 / 448.0)
+    assert torch.count_nonzero(data.float()) == 0
+    x = torch.linspace(-3, 3, 100)
+    d, s = R.quantize_fp8(x, dtype=torch.float8_e4m3fnuz)
+    assert d.dtype == torch.float8_e4m3fnuz
+    assert s.item() == pytest.approx(3.0 / 240.0)
+    assert R.fp8_dtype("cpu") == torch.float8_e4m3fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def test_generate_input_structure():
+    q, kv, qo, kvp, config = R.generate_input(3, 1, 45, 7, device="cpu")
+    assert q.shape == (3, 16, 576) and q.dtype == torch.bfloat16
+    assert kv["bf16"].shape == (135, 1, 576) and kv["bf16"].dtype == torch.bfloat16
+    fp8, scale = kv["fp8"]
+    assert fp8.shape == (135, 1, 576) and fp8.dtype == torch.float8_e4m3fn
+    assert scale.shape == (1,) and scale.dtype == torch.float32
+    fp4, sc = kv["mxfp4"]
+    assert fp4.shape == (135, 1, 288) and fp4.dtype == torch.float4_e2m1fn_x2
+    assert sc.shape == (256, 24) and sc.dtype == torch.float8_e8m0fnu
+    assert qo.dtype == kvp.dtype == torch.int32
+    assert qo.tolist() == [0, 1, 2, 3] and kvp.tolist() == [0, 45, 90, 135]
+    assert config == {
+        "batch_size": 3, "num_heads": 16, "num_kv_heads": 1, "qk_head_dim": 576,
+        "kv_lora_rank": 512, "qk_rope_head_dim": 64, "v_head_dim": 512, "q_seq_len": 1,
+        "kv_seq_len": 45, "sm_scale": 1.0 / math.sqrt(576)}
+    # fp8 and mxfp4 are made from the bf16 cache
+    f2, s2 = R.quantize_fp8(kv["bf16"])
+    assert torch.equal(f2.view(torch.uint8), fp8.view(torch.uint8)) and torch.equal(s2, scale)
+    m2, ms2 = R.quantize_mxfp4(kv["bf16"], use_aiter=False)
+    assert torch.equal(m2.view(torch.uint8), fp4.view(torch.uint8))
+    assert torch.equal(ms2.view(torch.uint8), sc.view(torch.uint8))
+
+
+def _flat(data):
+    q, kv, qo, kvp, _ = data
+    return [q, kv["bf16"], kv["fp8"][0].view(torch.uint8), kv["fp8"][1],
+            kv["mxfp4"][0].view(torch.uint8), kv["mxfp4"][1].view(torch.uint8), qo, kvp]
+
+
+def test_generate_input_is_deterministic():
+    a = R.generate_input(2, 1, 20, 1234, device="cpu")
+    b = R.generate_input(2, 1, 20, 1234, device="cpu")
+    c = R.generate_input(2, 1, 20, 1235, device="cpu")
+    assert all(torch.equal(x, y) for x, y in zip(_flat(a), _flat(b)))
+    assert a[4] == b[4]
+    assert not torch.equal(a[0], c[0]) and not torch.equal(a[1]["bf16"], c[1]["bf16"])
+    # generation order: q first, then kv, from one generator seeded with the seed
+    gen = torch.Generator().manual_seed(1234)
+    q = torch.randn((2, 16, 576), dtype=torch.bfloat16, generator=gen)
+    kv = torch.randn((40, 1, 576), dtype=torch.bfloat16, generator=gen)
+    assert torch.equal(q, a[0]) and torch.equal(kv, a[1]["bf16"])
+
+
+def test_generate_input_variable_lengths():
+    q, kv, qo, kvp, config = R.generate_input(3, 1, 999, 5, kv_lens=[10, 100, 37], device="cpu")
+    assert kvp.tolist() == [0, 10, 110, 147]
+    assert kv["bf16"].shape[0] == 147 and config["kv_seq_len"] == 100
+    with pytest.raises(ValueError):
+        R.generate_input(2, 1, 10, 5, kv_lens=[1, 2, 3], device="cpu")
+
+
+def test_clone_data_is_deep():
+    data = R.generate_input(1, 1, 16, 3, device="cpu")
+    c = R.clone_data(data)
+    c[0].zero_()
+    c[1]["fp8"][0].view(torch.uint8).zero_()
+    assert data[0].abs().sum() > 0 and data[1]["fp8"][0].view(torch.uint8).sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The portable reference
+
+
+@pytest.mark.parametrize("bs,kv,seed", [(1, 16, 11), (2, 45, 12), (4, 300, 13), (2, 1024, 14)])
+def test_ref_kernel_is_at_the_fp8_level_uniform(bs, kv, seed):
+    data = R.generate_input(bs, 1, kv, seed, device="cpu")
+    out = R.ref_kernel(data)
+    assert out.shape == (bs, 16, 512) and out.dtype == torch.bfloat16
+    rel = R.rel_l2_error(out, data)
+    assert 0.001 < rel < 0.05, rel  # fp8 q and KV, not the bf16 path
+
+
+def test_ref_kernel_is_at_the_fp8_level_variable():
+    data = R.generate_input(4, 1, 0, 21, kv_lens=[1, 64, 300, 17], device="cpu")
+    out = R.ref_kernel(data)
+    rel = R.rel_l2_error(out, data)
+    assert 0.001 < rel < 0.05, rel
+    # each batch's rows only see their own KV: compare batch 2 with a hand-computed result
+    q, kv, qo, kvp, cfg = data
+    qd = R.dequantize_fp8(*R.quantize_fp8(q))
+    k = R.dequantize_fp8(*kv["fp8"])[:, 0]
+    k2 = k[65:365]
+    p = torch.softmax(qd[2] @ k2.T * cfg["sm_scale"], dim=-1)
+    want = (p @ k2[:, :512]).to(torch.bfloat16)
+    assert (out[2].float() - want.float()).abs().max().item() < 1e-2
+
+
+def test_batched_chunked_and_looped_paths_agree(monkeypatch):
+    data = R.generate_input(5, 1, 40, 31, device="cpu")
+    whole = R.ref_kernel(data)
+    monkeypatch.setattr(R, "_CHUNK_BYTES", 1)  # one batch per chunk
+    assert torch.equal(R.ref_kernel(data), whole)
+    monkeypatch.setattr(R, "_CHUNK_BYTES", 2 * 40 * 576 * 4 + 2 * 16 * 40 * 4 * 3)  # 2 per chunk
+    assert torch.equal(R.ref_kernel(data), whole)
+    # the same rows through the per-batch loop (a variable-length layout with equal lengths
+    # except for an empty trailing batch) give the same numbers
+    q, kv, qo, kvp, cfg = data
+    looped = R._attention(
+        R.dequantize_fp8(*R.quantize_fp8(q)), lambda a, b: R.dequantize_fp8(
+            kv["fp8"][0][a:b, 0], kv["fp8"][1]), qo.tolist() + [5], kvp.tolist() + [200],
+        cfg["sm_scale"], torch.float32)
+    assert (looped[:5] - whole.float()).abs().max().item() < 1e-2
+
+
+def test_attention_float64_matches_naive():
+    data = R.generate_input(2, 1, 33, 41, device="cpu")
+    out = R.attention_float64(data)
+    assert out.dtype == torch.float64 and out.shape == (2, 16, 512)
+    q, kv, _, _, cfg = data
+    k = kv["bf16"][:, 0].double()
+    for b in range(2):
+        kb = k[33 * b:33 * (b + 1)]
+        p = torch.softmax(q[b].double() @ kb.T * cfg["sm_scale"], dim=-1)
+        assert torch.allclose(out[b], p @ kb[:, :512], rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The check
+
+
+@pytest.fixture(scope="module")
+def five_batches():
+    # bs=5: 5*16*512 = 40960 elements, so 5% is exactly 2048 elements
+    data = R.generate_input(5, 1, 64, 51, device="cpu")
+    return data, R.ref_kernel(data)
+
+
+def _perturbed(expected, count):
+    out = expected.clone()
+    flat = out.view(-1)
+    idx = torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(0))[:count]
+    flat[idx] += 5.0
+    return out
+
+
+def test_check_passes_exact_reference(five_batches):
+    data, expected = five_batches
+    ok, msg = R.check_implementation(data, expected.clone())
+    assert ok and "mismatch ratio 0.000%" in msg and "max abs error" in msg
+
+
+@pytest.mark.parametrize("share,ok", [(0.049, True), (0.05, True), (0.051, False)])
+def test_check_at_the_five_percent_boundary(five_batches, share, ok):
+    data, expected = five_batches
+    n = expected.numel()
+    count = int(share * n)
+    out = _perturbed(expected, count)
+    assert R.mismatch_ratio(out, expected) == pytest.approx(count / n)
+    got, msg = R.check_implementation(data, out)
+    assert got is ok, msg
+    assert "mismatch ratio" in msg and "max abs error" in msg
+    assert f"{count} of {n}" in msg
+
+
+def test_check_nan_and_inf_fail(five_batches):
+    data, expected = five_batches
+    one_nan = expected.clone()
+    one_nan.view(-1)[123] = float("nan")
+    ok, msg = R.check_implementation(data, one_nan)
+    assert not ok and "NaN/inf" in msg
+    ok, msg = R.check_implementation(data, torch.full_like(expected, float("nan")))
+    assert not ok and "mismatch ratio 100.000%" in msg
+    one_inf = expected.clone()
+    one_inf.view(-1)[7] = float("inf")
+    assert not R.check_implementation(data, one_inf)[0]
+    assert R.mismatch_ratio(one_nan, expected) == pytest.approx(1 / expected.numel())
+
+
+def test_check_wrong_shape_or_type(five_batches):
+    data, expected = five_batches
+    assert not R.check_implementation(data, expected[:, :, :256])[0]
+    assert not R.check_implementation(data, None)[0]
+
+
+def test_zeros_fail_short_kv_but_can_pass_the_loose_check_at_long_kv():
+    short = R.generate_input(2, 1, 45, 61, device="cpu")
+    assert not R.check_implementation(short, torch.zeros(2, 16, 512, dtype=torch.bfloat16))[0]
+    # attention over 2000 randn rows averages to |out| ~ 0.03: zeros are within atol = 0.1 for
+    # more than 95% of the elements. The loose check passes; rel L2 error (1.0) does not.
+    long = R.generate_input(2, 1, 2000, 62, device="cpu")
+    zeros = torch.zeros(2, 16, 512, dtype=torch.bfloat16)
+    ok, msg = R.check_implementation(long, zeros)
+    assert ok and "WARNING" in msg
+    assert R.rel_l2_error(zeros, long) == pytest.approx(1.0)
+
+
+def test_rel_l2_error_forms(five_batches):
+    data, expected = five_batches
+    exact = R.attention_float64(data)
+    assert R.rel_l2_error(exact, exact) == 0.0
+    assert R.rel_l2_error(expected, data) == pytest.approx(R.rel_l2_error(expected, exact))
+    assert R.rel_l2_error(2 * exact, exact) == pytest.approx(1.0)
+
+
+def test_ref_kernel_uses_torch_without_aiter():
+    assert R.HAVE_AITER is False or torch.cuda.is_available()
+    data = R.generate_input(1, 1, 16, 71, device="cpu")
+    assert torch.equal(R.ref_kernel(data), R.ref_kernel_torch(data))
+
+
+def test_aiter_reference_call_honours_the_metadata_contract():
+    """ref_kernel_aiter against the aiter test double (the real call is unverifiable here): the
+    persistent-mode metadata calls must pass the double's contract checks; the double models
+    mla_decode_fwd's non-persistent mode only, so the final call may be refused as such."""
+    aiter_double = pytest.importorskip("aiter_double.loader")
+    data = R.generate_input(2, 1, 40, 81, device="cpu")
+    with aiter_double.aiter_environment("2026-03"):
+        import aiter
+
+        aiter.reset()
+        try:
+            out = R.ref_kernel_aiter(data)
+        except NotImplementedError as exc:
+            assert "non-persistent" in str(exc)
+            out = None
+        assert aiter.CALLS["get_mla_metadata_info_v1"] == 1
+        assert aiter.CALLS["get_mla_metadata_v1"] == 1
+    if out is not None:
+        assert R.compare_outputs(out, R.ref_kernel_torch(data))[0]

@@ -1,0 +1,136 @@
+"""The portable Triton route of submission.py (triton_fp8), under the interpreter on CPU (and as is
+on a GPU): strict accuracy against float64 attention, any indptr, splits, caching, fresh outputs."""
+import math
+
+import pytest
+import torch
+
+import reference
+import submission
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def data_with_lengths(kv_lens, seed):
+    return reference.generate_input(len(kv_lens), 1, max(kv_lens), seed, kv_lens=kv_lens, device=DEVICE)
+
+
+def dequantised_attention_float64(data, quantise_q=False):
+    """float64 attention over the dequantised fp8 cache: what the route computes, minus rounding."""
+    q, kv_data, _, kv_indptr, config = data
+    kv8, scale = kv_data["fp8"]
+    if quantise_q:
+        q8, q_scale = reference.quantize_fp8(q, dtype=kv8.dtype)
+        q = q8.double() * q_scale.double()
+    kv = kv8.double()[:, 0] * scale.double()
+    bounds = kv_indptr.tolist()
+    rows = []
+    for b in range(len(bounds) - 1):
+        k = kv[bounds[b]:bounds[b + 1]]
+        rows.append(torch.softmax(q[b].double() @ k.T * config["sm_scale"], -1) @ k[:, :512])
+    return torch.stack(rows)
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+ROUTE_CASES = [
+    # (kv lengths, params): lengths off every tile size, a length-1 row, empty splits
+    ([37, 100, 5], {"num_splits": 1, "block_n": 32}),
+    ([37, 100, 5], {"num_splits": 4, "block_n": 32}),
+    ([200, 1, 64], {"num_splits": 8, "block_n": 64}),
+    ([130], {"num_splits": 2, "block_n": 64, "q_scale": "tensor"}),
+    ([70, 129], {"num_splits": 2, "block_n": 64, "qk_fp8": False}),
+]
+
+
+@pytest.mark.parametrize("kv_lens,params", ROUTE_CASES)
+def test_route_matches_float64_attention_over_its_own_inputs(kv_lens, params):
+    data = data_with_lengths(kv_lens, seed=sum(kv_lens))
+    out = submission.triton_fp8_route(*data, **params)
+    assert out.shape == (len(kv_lens), 16, 512) and out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    exact = dequantised_attention_float64(data)
+    # Only q's fp8 rounding (about 2.5%) separates the route from attention over the fp8 cache;
+    # with qk_fp8=False only f16/bf16 rounding (0.2%) does.
+    bound = 0.004 if params.get("qk_fp8") is False else 0.04
+    assert rel(out, exact) < bound
+    # Against the truth (float64 over the bf16 cache): within the route's declared bound, and no
+    # worse than 1.25x the reference's own error on the same inputs.
+    truth = reference.attention_float64(data)
+    own, ref_err = rel(out, truth), rel(reference.ref_kernel(data), truth)
+    assert own <= submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]
+    assert own <= 1.25 * ref_err, (own, ref_err)
+
+
+def test_split_counts_agree_and_stale_workspace_does_not_leak():
+    data = data_with_lengths([150, 3, 97], seed=11)
+    one = submission.triton_fp8_route(*data, num_splits=1, block_n=32)
+    for splits in (2, 4, 8):
+        partials, lse, tickets = submission.split_workspace(3, splits, data[0].device)
+        partials.fill_(float("nan"))  # poison: every slot the merge reads must be rewritten
+        lse.fill_(float("nan"))
+        many = submission.triton_fp8_route(*data, num_splits=splits, block_n=32)
+        assert torch.isfinite(many).all()
+        assert rel(many, one) < 5e-3
+        assert tickets.eq(0).all()  # the merging program resets its row's ticket
+
+
+def test_two_calls_return_distinct_tensors_and_the_first_survives():
+    data = data_with_lengths([64, 64], seed=3)
+    first = submission.triton_fp8_route(*data, num_splits=2)
+    kept = first.clone()
+    second = submission.triton_fp8_route(*data, num_splits=2)
+    assert first.data_ptr() != second.data_ptr()
+    assert torch.equal(first, kept)
+
+
+def test_per_tensor_and_per_program_q_scales_agree_within_fp8_rounding():
+    data = data_with_lengths([96, 40], seed=5)
+    program = submission.triton_fp8_route(*data, q_scale="program")
+    tensor = submission.triton_fp8_route(*data, q_scale="tensor")
+    assert rel(program, tensor) < 0.05
+    # the per-tensor mode computes what the reference computes: same q quantisation
+    assert rel(tensor, dequantised_attention_float64(data, quantise_q=True)) < 0.005
+
+
+def test_large_q_stays_right():
+    """Both q scale modes follow q's range: q x 1000 (far past the fp8 max) changes nothing but scale."""
+    q, kv_data, qo, kvi, config = data_with_lengths([80], seed=9)
+    big = (q.float() * 1000).bfloat16()
+    big_config = dict(config, sm_scale=config["sm_scale"] / 1000)
+    for mode in ("program", "tensor"):
+        out = submission.triton_fp8_route(big, kv_data, qo, kvi, big_config, q_scale=mode)
+        unscaled = submission.triton_fp8_route(q, kv_data, qo, kvi, config, q_scale=mode)
+        assert rel(out, unscaled) < 0.02
+
+
+def test_a_zero_output_fails_the_strict_bound():
+    data = data_with_lengths([128, 64], seed=21)
+    zeros = torch.zeros(2, 16, 512, dtype=torch.bfloat16, device=DEVICE)
+    assert reference.rel_l2_error(zeros, data) > submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]
+
+
+def test_custom_kernel_runs_the_triton_table_without_aiter():
+    if submission.HAVE_AITER:
+        pytest.skip("aiter present: the aiter table is active")
+    data = reference.generate_input(2, 1, 96, seed=4, device=DEVICE)
+    out = submission.custom_kernel(data)
+    assert submission.LAST_ROUTE.startswith("triton_fp8")
+    assert reference.rel_l2_error(out, data) <= submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]
+    ok, message = reference.check_implementation(data, out)
+    assert ok, message
+
+
+def test_every_triton_table_row_has_a_compile_plan_and_valid_params():
+    import inspect
+
+    for row in submission.TRITON_ROUTE_TABLE:
+        route = submission.ROUTES[row["route"]]
+        accepted = inspect.signature(route).parameters
+        assert set(row["params"]) <= set(accepted), row
+        plans = submission.triton_compile_plan(row["route"], row["params"])
+        assert plans and all(p["kernel"] is not None for p in plans)
+    assert submission.TRITON_ROUTE_TABLE[-1]["max_batch"] is None
+    assert submission.TRITON_ROUTE_TABLE[-1]["max_kv_len"] is None
