@@ -83,10 +83,14 @@ TRITON_ROUTE_TABLE = [
     {"max_batch": 4, "max_kv_len": None, "route": "triton_fp8", "params": {"num_splits": 32}},
     {"max_batch": 32, "max_kv_len": None, "route": "triton_fp8", "params": {"num_splits": 4}},
     {"max_batch": 64, "max_kv_len": None, "route": "triton_fp8", "params": {"num_splits": 2}},
-    {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "q_scale": "tensor"}},
+    {"max_batch": None, "max_kv_len": None, "route": "triton_fp8", "params": {"num_splits": 1}},
 ]
 # END ROUTE TABLES
+# Configurations a table may select besides its rows (tools/kernel_report.py compiles these too):
+# the fused MXFP4 route, chosen by tune.py only where it wins on the machine tuned.
+TRITON_EXTRA_CONFIGS = [
+    {"route": "triton_mxfp4", "params": {}},
+]
 # ---------------------------------------------------------------------------------------------
 
 
@@ -603,6 +607,274 @@ def _mla_decode_fp8_kernel(
             tl.atomic_xchg(SPLIT_TICKETS + batch, 0)
 
 
+@triton.jit
+def _dequant_mxfp4_f16(packed, scale_bytes, ref_byte, BLOCK_N: tl.constexpr, NBYTES: tl.constexpr,
+                       NBLOCKS: tl.constexpr):
+    """(BLOCK_N x NBYTES) packed e2m1 bytes + (BLOCK_N x NBLOCKS) e8m0 bytes -> (even dims, odd dims) f16
+    tiles holding value * 2^(128 - ref_byte); ref_byte (BLOCK_N x 1): each token's largest scale byte.
+
+    Byte j holds dims 2j (low nibble) and 2j+1 (high nibble), both in scale block j // 16. The two
+    results are NOT interleaved: the kernel permutes Q the same way (dots over the latent dim do
+    not care about its order) and un-permutes only the (16 x 512) output.
+    Per nibble: sign -> f16 bit 15, the three magnitude bits -> f16 bits 11..9, i.e. exponent field
+    e and the top mantissa bit m. As f16 that is exactly e2m1 * 2^-14 (e = 0 lands on the f16
+    subnormal 2^-15 = 0.5 * 2^-14, as e2m1's own subnormal). One f16 multiply by the block factor
+    2^(scale_byte - ref_byte + 15) (exponent field scale_byte - ref_byte + 30 <= 30, built from bits)
+    gives value * 2^(128 - ref_byte), |.| <= 12. Exact for blocks within 2^14 of the token's largest
+    block scale; smaller blocks of that token round into f16 subnormals (absolute error < 2^-24 of
+    the token's largest values) and blocks 2^30 smaller flush to 0.
+    Why f16 and not bf16: the nibble -> f16 bit placement (two shifts and masks per nibble) plus
+    one multiply is about a third of the integer work of building exact bf16 values with the scale
+    folded into the exponent (selects for the codes 0 and 1); compiled for sm_90 the main loop
+    shrank from ~5400 to ~1600 instructions per thread per 64-token tile (the fp8 kernel: ~740).
+    """
+    b = packed.to(tl.int32)
+    lo = ((b << 9) & 0x0E00) | ((b << 12) & 0x8000)
+    hi = ((b << 5) & 0x0E00) | ((b << 8) & 0x8000)
+    field = scale_bytes.to(tl.int32) - ref_byte + 30
+    factor = tl.where(field > 0, field << 10, 0).to(tl.uint16).to(tl.float16, bitcast=True)
+    factor = tl.reshape(tl.broadcast_to(factor[:, :, None], (BLOCK_N, NBLOCKS, NBYTES // NBLOCKS)),
+                        (BLOCK_N, NBYTES))
+    even = lo.to(tl.uint16).to(tl.float16, bitcast=True) * factor
+    odd = hi.to(tl.uint16).to(tl.float16, bitcast=True) * factor
+    return even, odd
+
+
+@triton.jit
+def _quantize_mxfp8_t(x_t, K: tl.constexpr, N: tl.constexpr):
+    """(K x N) bf16/f32 -> ((K x N) float8e4nv, (N x K/32) uint8 e8m0 scales): MXFP8 along K.
+
+    Scale byte = biased exponent of the block's amax - 7, so |x| / 2^(byte - 127) < 256 <= 448."""
+    x3 = tl.reshape(x_t.to(tl.float32), (K // 32, 32, N))
+    amax = tl.max(tl.abs(x3), 1)
+    scale_byte = tl.minimum(tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 7, 1), 254)
+    inv_scale = ((254 - scale_byte) << 23).to(tl.float32, bitcast=True)  # 2^(127 - byte)
+    q = tl.reshape((x3 * inv_scale[:, None, :]).to(tl.float8e4nv), (K, N))
+    return q, tl.trans(scale_byte.to(tl.uint8))
+
+
+@triton.jit
+def _mla_decode_mxfp4_kernel(
+    Q, KV, KV_SCALES, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2,
+    stride_q_token, stride_q_head, stride_kv_token, stride_scale_token, stride_o_token, stride_o_head,
+    NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_DOT_SCALED: tl.constexpr,
+    NUM_HEADS: tl.constexpr = 16, HALF_BYTES: tl.constexpr = 128, ROPE_BYTES: tl.constexpr = 32,
+):
+    """Split-KV MLA decode over an MXFP4 latent cache, with the split combine fused into the last split.
+
+    Same program structure as _mla_decode_fp8_kernel: one program = one batch row x one KV split, all
+    16 heads; tokens are the M dimension (S^T = K . Q^T is BLOCK_N x 16, O^T += V^T . P^T); online
+    softmax in float32, base 2; fused split combine with per-row tickets.
+    KV load: per tile, the packed e2m1 bytes (BLOCK_N x 288 uint8, read as 128 + 128 + 32 bytes) and
+    their e8m0 scales (BLOCK_N x 18 of the padded (rows, 24) array, row stride stride_scale_token).
+    Dequantised in registers (_dequant_mxfp4_f16) to f16 tiles relative to each token's largest
+    scale byte ref_t (K'_t = K_t * 2^(128 - ref_t), |K'| <= 12: f16 range whatever the scales), split
+    into even and odd latent dims: each 256-dim half is two (BLOCK_N x 128) tiles, so no nibble
+    interleave is needed.
+    Q' = Q * 2^-eq (f16, exact; eq from the exponent of max|Q|, |Q'| < 2^15), permuted the same way;
+    S^T = sum of six dots (BLOCK_N x 128 | 32) . (128 | 32 x 16) in float32, row t times
+    2^(ref_t - 128 + eq).
+    O^T: four (128 x 16) float32 accumulators (even/odd x lower/upper half) holding
+    sum_t w_t V'_t with w_t = 2^(s_t - m + ref_t - W) in f16 (<= 1; s_t the base-2 score, m its
+    running max, W the running max of s_t - m + ref_t, shifted with m): each token's V unit is
+    folded into its weight in the log domain, so an outlier token with huge scales (and any P)
+    cannot push other tokens' weights out of f16 range; only terms below 2^-24 of the largest
+    |P_t V_t| bound are lost. ref is added to s - m (not to s) so that it survives huge scores. The
+    softmax sum keeps its own max; O^T = acc * 2^(W - 128) / sum at the end (or in the partials).
+    QK_DOT_SCALED "bf16" / "e4m3" (strategy b): S^T from tl.dot_scaled on the packed e2m1 tiles and
+    their e8m0 scales, Q^T in natural dim order as bf16 (gfx950 upcasts K with
+    v_cvt_scalef32_pk_bf16_fp4 then bf16 MFMA; emulated on sm_90) or quantised in-kernel to MXFP8
+    (e4m3 + an e8m0 scale per head and 32 dims: gfx950 then issues the native
+    v_mfma_scale_f32_16x16x128_f8f6f4 for the two 256-dim halves; Q's rounding adds ~1-2% error).
+    No interpreter support for dot_scaled in Triton 3.6, so these modes are compiled, not CPU-tested.
+    P . V keeps the register dequantisation: MXFP4 scales run along the latent dim, the M dim of
+    V^T . P^T, and dot_scaled only takes scales along K (the tokens there).
+    Bytes: 306 per KV token, read once; partials as in the fp8 kernel (float32, permuted dim order).
+    Rows with no KV (empty indptr segment) produce zeros, as the reference does.
+    """
+    batch = tl.program_id(0)
+    split = tl.program_id(1)
+    q_row = tl.load(QO_INDPTR + batch)
+    kv_begin = tl.load(KV_INDPTR + batch)
+    kv_end = tl.load(KV_INDPTR + batch + 1)
+    split_len = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_begin = kv_begin + split * split_len
+    split_end = tl.minimum(split_begin + split_len, kv_end)
+
+    HALF: tl.constexpr = 2 * HALF_BYTES
+    LO_BLOCKS: tl.constexpr = HALF_BYTES // 16
+    ROPE_BLOCKS: tl.constexpr = ROPE_BYTES // 16
+    heads = tl.arange(0, NUM_HEADS)
+    pairs = tl.arange(0, HALF_BYTES)
+    rope_pairs = tl.arange(0, ROPE_BYTES)
+    blocks = tl.arange(0, LO_BLOCKS)
+    rope_blocks = tl.arange(0, ROPE_BLOCKS)
+    tokens = tl.arange(0, BLOCK_N)
+    q_ptrs = Q + q_row * stride_q_token + heads[None, :] * stride_q_head
+    if QK_DOT_SCALED == "bf16":
+        # natural dim order, bf16 (dot_scaled unpacks the nibbles itself)
+        q_lo_t = tl.load(q_ptrs + tl.arange(0, HALF)[:, None])
+        q_hi_t = tl.load(q_ptrs + HALF + tl.arange(0, HALF)[:, None])
+        q_rope_t = tl.load(q_ptrs + 2 * HALF + tl.arange(0, 2 * ROPE_BYTES)[:, None])
+        q_exp = 0.0
+    elif QK_DOT_SCALED == "e4m3":
+        # natural dim order, MXFP8: e4m3 values with an e8m0 scale per head and 32 dims
+        q_lo_t, q_lo_scales = _quantize_mxfp8_t(tl.load(q_ptrs + tl.arange(0, HALF)[:, None]), HALF, NUM_HEADS)
+        q_hi_t, q_hi_scales = _quantize_mxfp8_t(tl.load(q_ptrs + HALF + tl.arange(0, HALF)[:, None]), HALF,
+                                                NUM_HEADS)
+        q_rope_t, q_rope_scales = _quantize_mxfp8_t(
+            tl.load(q_ptrs + 2 * HALF + tl.arange(0, 2 * ROPE_BYTES)[:, None]), 2 * ROPE_BYTES, NUM_HEADS)
+        q_exp = 0.0
+    else:
+        # Q^T permuted as the K tiles: [even dims | odd dims] of each half and of the rope part
+        q_even_lo_t = tl.load(q_ptrs + 2 * pairs[:, None]).to(tl.float32)
+        q_odd_lo_t = tl.load(q_ptrs + 2 * pairs[:, None] + 1).to(tl.float32)
+        q_even_hi_t = tl.load(q_ptrs + HALF + 2 * pairs[:, None]).to(tl.float32)
+        q_odd_hi_t = tl.load(q_ptrs + HALF + 2 * pairs[:, None] + 1).to(tl.float32)
+        q_even_rope_t = tl.load(q_ptrs + 2 * HALF + 2 * rope_pairs[:, None]).to(tl.float32)
+        q_odd_rope_t = tl.load(q_ptrs + 2 * HALF + 2 * rope_pairs[:, None] + 1).to(tl.float32)
+        q_amax = tl.maximum(tl.maximum(tl.max(tl.max(tl.abs(q_even_lo_t), 1), 0),
+                                       tl.max(tl.max(tl.abs(q_odd_lo_t), 1), 0)),
+                            tl.maximum(tl.max(tl.max(tl.abs(q_even_hi_t), 1), 0),
+                                       tl.max(tl.max(tl.abs(q_odd_hi_t), 1), 0)))
+        q_amax = tl.maximum(q_amax, tl.maximum(tl.max(tl.max(tl.abs(q_even_rope_t), 1), 0),
+                                               tl.max(tl.max(tl.abs(q_odd_rope_t), 1), 0)))
+        # Q' = Q * 2^-q_exp with |Q'| < 2^15 (f16 range); q_exp from the exponent bits of max|Q|
+        q_exp = (((q_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141).to(tl.float32)
+        q_unscale = tl.exp2(-q_exp)
+        q_even_lo_t = (q_even_lo_t * q_unscale).to(tl.float16)
+        q_odd_lo_t = (q_odd_lo_t * q_unscale).to(tl.float16)
+        q_even_hi_t = (q_even_hi_t * q_unscale).to(tl.float16)
+        q_odd_hi_t = (q_odd_hi_t * q_unscale).to(tl.float16)
+        q_even_rope_t = (q_even_rope_t * q_unscale).to(tl.float16)
+        q_odd_rope_t = (q_odd_rope_t * q_unscale).to(tl.float16)
+
+    running_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([NUM_HEADS], tl.float32)
+    # the accumulators hold sum_t 2^(s_t - running_max + ref_t - weight_max) V'_t, V'_t = V_t * 2^(128 - ref_t)
+    weight_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
+    acc_even_lo_t = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
+    acc_odd_lo_t = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
+    acc_even_hi_t = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
+    acc_odd_hi_t = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
+    for tile_begin in range(split_begin, split_end, BLOCK_N):
+        token_ids = tile_begin + tokens
+        valid = token_ids < split_end
+        kv_ptrs = KV + token_ids[:, None] * stride_kv_token
+        sc_ptrs = KV_SCALES + token_ids[:, None] * stride_scale_token
+        packed_lo = tl.load(kv_ptrs + pairs[None, :], mask=valid[:, None], other=0)
+        packed_hi = tl.load(kv_ptrs + HALF_BYTES + pairs[None, :], mask=valid[:, None], other=0)
+        packed_rope = tl.load(kv_ptrs + 2 * HALF_BYTES + rope_pairs[None, :], mask=valid[:, None], other=0)
+        scales_lo = tl.load(sc_ptrs + blocks[None, :], mask=valid[:, None], other=0)
+        scales_hi = tl.load(sc_ptrs + LO_BLOCKS + blocks[None, :], mask=valid[:, None], other=0)
+        scales_rope = tl.load(sc_ptrs + 2 * LO_BLOCKS + rope_blocks[None, :], mask=valid[:, None], other=0)
+        # each token's reference scale byte: its largest block scale
+        ref = tl.maximum(tl.maximum(tl.max(scales_lo, 1), tl.max(scales_hi, 1)), tl.max(scales_rope, 1)).to(tl.int32)
+        if QK_DOT_SCALED == "bf16":
+            scores_t = tl.dot_scaled(packed_lo, scales_lo, "e2m1", q_lo_t, None, "bf16")
+            scores_t = tl.dot_scaled(packed_hi, scales_hi, "e2m1", q_hi_t, None, "bf16", acc=scores_t)
+            scores_t = tl.dot_scaled(packed_rope, scales_rope, "e2m1", q_rope_t, None, "bf16", acc=scores_t)
+            score_scale = sm_scale_log2
+        elif QK_DOT_SCALED == "e4m3":
+            scores_t = tl.dot_scaled(packed_lo, scales_lo, "e2m1", q_lo_t, q_lo_scales, "e4m3")
+            scores_t = tl.dot_scaled(packed_hi, scales_hi, "e2m1", q_hi_t, q_hi_scales, "e4m3", acc=scores_t)
+            scores_t = tl.dot_scaled(packed_rope, scales_rope, "e2m1", q_rope_t, q_rope_scales, "e4m3",
+                                     acc=scores_t)
+            score_scale = sm_scale_log2
+        else:
+            # dequantise a part, use it, drop it: one part's tiles live at a time
+            k_even, k_odd = _dequant_mxfp4_f16(packed_lo, scales_lo, ref[:, None], BLOCK_N, HALF_BYTES, LO_BLOCKS)
+            scores_t = tl.dot(k_even, q_even_lo_t)
+            scores_t = tl.dot(k_odd, q_odd_lo_t, scores_t)
+            k_even, k_odd = _dequant_mxfp4_f16(packed_hi, scales_hi, ref[:, None], BLOCK_N, HALF_BYTES, LO_BLOCKS)
+            scores_t = tl.dot(k_even, q_even_hi_t, scores_t)
+            scores_t = tl.dot(k_odd, q_odd_hi_t, scores_t)
+            k_even, k_odd = _dequant_mxfp4_f16(packed_rope, scales_rope, ref[:, None], BLOCK_N, ROPE_BYTES, ROPE_BLOCKS)
+            scores_t = tl.dot(k_even, q_even_rope_t, scores_t)
+            scores_t = tl.dot(k_odd, q_odd_rope_t, scores_t)
+            score_scale = sm_scale_log2 * tl.exp2((ref - 128).to(tl.float32) + q_exp)[:, None]
+        scores_t = tl.where(valid[:, None], scores_t * score_scale, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores_t, 0))
+        shifted_t = scores_t - new_max[None, :]
+        running_sum = running_sum * tl.exp2(running_max - new_max) + tl.sum(tl.exp2(shifted_t), 0)
+        # P . V weights with each token's V unit folded in, in the log2 domain (ref added to s - m, not
+        # to s, so it survives huge scores): w_t = 2^(s_t - m + ref_t - W) <= 1
+        weight_logits_t = shifted_t + ref.to(tl.float32)[:, None]
+        weight_max = weight_max + (running_max - new_max)  # the old terms' logits shift with m
+        new_weight_max = tl.maximum(weight_max, tl.max(weight_logits_t, 0))
+        correction = tl.exp2(weight_max - new_weight_max)
+        probs_t = tl.exp2(weight_logits_t - new_weight_max[None, :]).to(tl.float16)
+        v_even, v_odd = _dequant_mxfp4_f16(packed_lo, scales_lo, ref[:, None], BLOCK_N, HALF_BYTES, LO_BLOCKS)
+        acc_even_lo_t = tl.dot(tl.trans(v_even), probs_t, acc_even_lo_t * correction[None, :])
+        acc_odd_lo_t = tl.dot(tl.trans(v_odd), probs_t, acc_odd_lo_t * correction[None, :])
+        v_even, v_odd = _dequant_mxfp4_f16(packed_hi, scales_hi, ref[:, None], BLOCK_N, HALF_BYTES, LO_BLOCKS)
+        acc_even_hi_t = tl.dot(tl.trans(v_even), probs_t, acc_even_hi_t * correction[None, :])
+        acc_odd_hi_t = tl.dot(tl.trans(v_odd), probs_t, acc_odd_hi_t * correction[None, :])
+        running_max = new_max
+        weight_max = new_weight_max
+
+    # Output (16 x 512) in natural dim order: interleave even/odd columns once, then contiguous stores.
+    out_ptrs = OUT + q_row * stride_o_token + heads[:, None] * stride_o_head + tl.arange(0, HALF)[None, :]
+    # O^T = acc * 2^(weight_max - 128) / running_sum (0 for a split without tokens)
+    has_tokens = running_sum > 0
+    unit_log2 = tl.where(has_tokens, weight_max, 0.0) - 128.0
+    out_scale = tl.where(has_tokens, tl.exp2(unit_log2) / tl.where(has_tokens, running_sum, 1.0), 0.0)[None, :]
+    # Partials (split > 1) keep the permuted order: (512 x 16) as four (128 x 16) blocks.
+    PART: tl.constexpr = HALF_BYTES * NUM_HEADS
+    if NUM_SPLITS == 1:
+        out_lo = tl.reshape(tl.join(tl.trans(acc_even_lo_t * out_scale), tl.trans(acc_odd_lo_t * out_scale)),
+                            (NUM_HEADS, HALF))
+        out_hi = tl.reshape(tl.join(tl.trans(acc_even_hi_t * out_scale), tl.trans(acc_odd_hi_t * out_scale)),
+                            (NUM_HEADS, HALF))
+        tl.store(out_ptrs, out_lo.to(OUT.dtype.element_ty))
+        tl.store(out_ptrs + HALF, out_hi.to(OUT.dtype.element_ty))
+    else:
+        # An empty split (row shorter than the split grid) has sum 0: partial 0, lse -inf (weight 0).
+        lse = tl.where(has_tokens, running_max + tl.log2(tl.where(has_tokens, running_sum, 1.0)), float("-inf"))
+        slot = batch * NUM_SPLITS + split
+        partial_ptrs = PARTIAL_O + pairs[:, None] * NUM_HEADS + heads[None, :]
+        slot_ptrs = partial_ptrs + slot * 4 * PART
+        tl.store(slot_ptrs, acc_even_lo_t * out_scale)
+        tl.store(slot_ptrs + PART, acc_odd_lo_t * out_scale)
+        tl.store(slot_ptrs + 2 * PART, acc_even_hi_t * out_scale)
+        tl.store(slot_ptrs + 3 * PART, acc_odd_hi_t * out_scale)
+        tl.store(PARTIAL_LSE + slot * NUM_HEADS + heads, lse)
+        # All threads' partial stores must precede the release of the ticket (acq_rel, GPU scope).
+        tl.debug_barrier()
+        ticket = tl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel")
+        if ticket == NUM_SPLITS - 1:
+            first_slot = batch * NUM_SPLITS
+            lse_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
+            for s in range(NUM_SPLITS):
+                lse_max = tl.maximum(lse_max, tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads,
+                                                      cache_modifier=".cg"))
+            # a row with no KV at all: every lse is -inf; weights 0, output 0
+            lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+            weight_sum = tl.zeros([NUM_HEADS], tl.float32)
+            merged_even_lo = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
+            merged_odd_lo = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
+            merged_even_hi = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
+            merged_odd_hi = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
+            for s in range(NUM_SPLITS):
+                weight = tl.exp2(tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads,
+                                         cache_modifier=".cg") - lse_max)
+                weight_sum += weight
+                s_ptrs = partial_ptrs + (first_slot + s) * 4 * PART
+                merged_even_lo += tl.load(s_ptrs, cache_modifier=".cg") * weight[None, :]
+                merged_odd_lo += tl.load(s_ptrs + PART, cache_modifier=".cg") * weight[None, :]
+                merged_even_hi += tl.load(s_ptrs + 2 * PART, cache_modifier=".cg") * weight[None, :]
+                merged_odd_hi += tl.load(s_ptrs + 3 * PART, cache_modifier=".cg") * weight[None, :]
+            inv_sum = tl.where(weight_sum > 0, 1.0 / tl.where(weight_sum > 0, weight_sum, 1.0), 0.0)[None, :]
+            out_lo = tl.reshape(tl.join(tl.trans(merged_even_lo * inv_sum), tl.trans(merged_odd_lo * inv_sum)),
+                                (NUM_HEADS, HALF))
+            out_hi = tl.reshape(tl.join(tl.trans(merged_even_hi * inv_sum), tl.trans(merged_odd_hi * inv_sum)),
+                                (NUM_HEADS, HALF))
+            tl.store(out_ptrs, out_lo.to(OUT.dtype.element_ty))
+            tl.store(out_ptrs + HALF, out_hi.to(OUT.dtype.element_ty))
+            tl.atomic_xchg(SPLIT_TICKETS + batch, 0)
+
+
 _SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets)
 
 
@@ -646,6 +918,45 @@ def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, blo
     return out
 
 
+# num_stages 2: with 3 the kernel spills on gfx950 (tools/kernel_report.py)
+TRITON_MXFP4_DEFAULTS = {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2, "qk_dot_scaled": False}
+_QK_MODES = {False: "none", None: "none", "none": "none", True: "bf16", "bf16": "bf16", "e4m3": "e4m3"}
+
+
+def _qk_mode(qk_dot_scaled):
+    """The kernel's QK_DOT_SCALED constexpr for the route parameter qk_dot_scaled."""
+    try:
+        return _QK_MODES[qk_dot_scaled]
+    except (KeyError, TypeError):
+        raise ValueError(f"qk_dot_scaled must be False, True, 'bf16' or 'e4m3', not {qk_dot_scaled!r}") from None
+
+
+def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, block_n=64, num_warps=8,
+                       num_stages=2, qk_dot_scaled=False):
+    """MLA decode reading kv_data["mxfp4"] only (306 bytes per KV token). Output (total_q, 16, 512) bf16,
+    a fresh tensor. Decode: one query token per batch row (qo_indptr[b] is the row used).
+
+    qk_dot_scaled: False (default, strategy a: S and O from f16 tiles dequantised in registers),
+    "bf16" or True / "e4m3" (strategy b: S from tl.dot_scaled with a bf16 / in-kernel MXFP8 Q; GPU
+    only, the Triton 3.6 interpreter has no dot_scaled). num_splits: KV splits per row, any >= 1,
+    combined in-kernel by the last split of each row. block_n: tokens per tile (power of 2, >= 16)."""
+    kv_fp4, kv_scales = kv_data["mxfp4"]
+    packed = kv_fp4.view(torch.uint8)
+    packed = packed.reshape(packed.shape[0], MXFP4_ROW_BYTES)
+    scales = kv_scales.view(torch.uint8)
+    batch = kv_indptr.shape[0] - 1
+    out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
+    _mla_decode_mxfp4_kernel[(batch, num_splits)](
+        q, packed, scales, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets,
+        config["sm_scale"] * LOG2E,
+        q.stride(0), q.stride(1), packed.stride(0), scales.stride(0), out.stride(0), out.stride(1),
+        NUM_SPLITS=num_splits, BLOCK_N=block_n, QK_DOT_SCALED=_qk_mode(qk_dot_scaled),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
 # Compile plans: what tools/kernel_report.py compiles ahead of time for a route-table row.
 _FP8_KERNEL_SIGNATURE = {
     "Q": "*bf16", "Q_AMAX": "*fp32", "KV": "*{fp8}", "KV_SCALE": "*fp32", "QO_INDPTR": "*i32",
@@ -676,7 +987,27 @@ def triton_fp8_compile_plan(params, fp8_dtype):
     }
 
 
-TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan}
+_MXFP4_KERNEL_SIGNATURE = {
+    "Q": "*bf16", "KV": "*u8", "KV_SCALES": "*u8", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+    "OUT": "*bf16", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32",
+    "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_q_head": "i32", "stride_kv_token": "i32",
+    "stride_scale_token": "i32", "stride_o_token": "i32", "stride_o_head": "i32",
+}
+
+
+def triton_mxfp4_compile_plan(params, fp8_dtype):
+    p = dict(TRITON_MXFP4_DEFAULTS, **params)
+    return {
+        "kernel": _mla_decode_mxfp4_kernel, "signature": dict(_MXFP4_KERNEL_SIGNATURE),
+        "constexprs": {"NUM_SPLITS": p["num_splits"], "BLOCK_N": p["block_n"],
+                       "QK_DOT_SCALED": _qk_mode(p["qk_dot_scaled"]), **constexpr_defaults(_mla_decode_mxfp4_kernel)},
+        # the scale row stride is 24, not a multiple of 16 as the JIT sees the others
+        "aligned_args": [name for name in _MXFP4_KERNEL_SIGNATURE if name not in ("sm_scale_log2", "stride_scale_token")],
+        "num_warps": p["num_warps"], "num_stages": p["num_stages"],
+    }
+
+
+TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan}
 
 
 def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
@@ -689,6 +1020,7 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
 
 ROUTES = {
     "triton_fp8": triton_fp8_route,
+    "triton_mxfp4": triton_mxfp4_route,
 }
 if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API this file knows
     ROUTES.update({
@@ -703,6 +1035,8 @@ if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API t
 # bound is 0.06 (tests/test_submission_triton.py also holds triton_fp8 to 1.25x the reference).
 ROUTE_INFO = {
     "triton_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06},
+    # the mxfp4 format alone costs about 6-15% per row (tests/test_mxfp4_route.py measures it)
+    "triton_mxfp4": {"kv_format": "mxfp4", "rel_l2_bound": 0.2},
     "aiter_bf16": {"kv_format": "bf16", "rel_l2_bound": 0.01},
     "aiter_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06},
     "aiter_a8w8_persistent": {"kv_format": "fp8", "rel_l2_bound": 0.06},

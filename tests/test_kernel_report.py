@@ -1,0 +1,366 @@
+"""tools/kernel_report.py: every Triton kernel config compiles for gfx950 (MI355X) and sm_90 (H100/H200)
+with no spills, no scratch, LDS within bounds and the matrix instructions it is meant to use.
+
+Runs on CPU: nothing is launched, the kernels are compiled ahead of time (one process per target,
+see the tool's docstring) and the compiler's report is read back. The module under test is
+submission.py. The report is built once per session (module-scoped fixture) for gfx950, gfx942
+and sm90.
+
+The bar (a failure names the config and its numbers: choose another config in the route table):
+- gfx950 and sm90: every config compiles, 0 spills, 0 scratch / stack frame, LDS / shared memory
+  within the per-block limit (gfx950 160 KiB, sm90 227 KiB), matrix instructions in the hot loop;
+  the fp8 route's hot loop uses fp8 MMA (gfx950: v_mfma with fp8 / f8f6f4 operands that decode to
+  fp8; sm90: wgmma / mma with e4m3 or e5m2 operands). A config opts out of fp8 for Q.K only by
+  setting the constexpr QK_FP8=False explicitly; it must still use matrix instructions.
+- gfx942 (MI300X) is REPORT ONLY: the leaderboard runs on MI355X. test_gfx942_report_only passes
+  when a config fits MI300X (compiles, no spills, LDS <= 64 KiB) and xfails with the numbers when it
+  does not; it never fails the suite.
+- mxfp4 route (when present): a config whose code uses tl.dot_scaled (its TTIR holds
+  tt.dot_scaled; a constexpr branch may remove it) must have v_mfma_scale in the gfx950 hot loop;
+  otherwise its instructions are only reported.
+- No unguarded inline assembly (inline_asm_elementwise outside a per-target `if`).
+"""
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tools import kernel_report as kr  # noqa: E402
+
+MODULE_CANDIDATES = ("submission.py",)
+BAR_TARGETS = ("gfx950", "sm90")
+REPORT_TARGETS = ("gfx950", "gfx942", "sm90")
+FP8_OPT_OUT_CONSTEXPR = "QK_FP8"
+
+
+def module_under_test():
+    """The first candidate that defines triton_compile_plan, or None."""
+    for name in MODULE_CANDIDATES:
+        path = REPO_ROOT / name
+        if path.exists() and kr.defines_compile_plan(path):
+            return name
+    return None
+
+
+@pytest.fixture(scope="module", params=[module_under_test()], ids=lambda m: str(m))
+def report(request, tmp_path_factory):
+    module = request.param
+    if module is None:
+        pytest.fail(f"none of {MODULE_CANDIDATES} defines triton_compile_plan(route, params, fp8_dtype): "
+                    "the Triton kernels cannot be compiled ahead of time")
+    out = tmp_path_factory.mktemp("kernel_report") / "report.json"
+    kr.main(["--module", module, "--targets", ",".join(REPORT_TARGETS), "--json", str(out)])
+    return json.loads(out.read_text())
+
+
+def records(report, target):
+    recs = [r for r in report["records"] if r["target"] == target]
+    assert recs, f"no kernel config compiled for {target}: {report['errors']} {report['worker_errors']}"
+    return recs
+
+
+def compiled(report, target):
+    return [r for r in records(report, target) if r["compiled"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+
+
+def test_module_choice_prefers_submission():
+    chosen = module_under_test()
+    assert chosen is not None
+    if kr.defines_compile_plan(REPO_ROOT / "submission.py"):
+        assert chosen == "submission.py"
+
+
+def test_every_route_row_and_kernel_is_covered(report):
+    assert not report["worker_errors"], report["worker_errors"]
+    assert not report["errors"], "\n".join(report["errors"])
+    assert report["rows"], f"no TRITON_ROUTE_TABLE / TRITON_EXTRA_CONFIGS rows in {report['tables_from']}"
+    empty = [label for label in report["rows_without_kernels"] if label.startswith("triton")]
+    assert not empty, f"route-table rows whose compile plan is empty (nothing was compiled): {empty}"
+    assert not report["uncovered_kernels"], (
+        f"@triton.jit kernels of {report['module']} that no route-table row or TRITON_EXTRA_CONFIGS "
+        f"entry selects, so they were never compiled: {report['uncovered_kernels']}")
+    for target in REPORT_TARGETS:
+        labels = {row["label"] for r in records(report, target) for row in r["rows"]}
+        missing = [kr.config_label(row["route"], row["params"]) for row in report["rows"]
+                   if row["route"].startswith("triton")
+                   and kr.config_label(row["route"], row["params"]) not in labels]
+        assert not missing, f"{target}: rows with no compiled kernel: {missing}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The bar: gfx950 (MI355X) and sm90 (H100/H200)
+
+
+@pytest.mark.parametrize("target", BAR_TARGETS)
+def test_every_config_compiles(report, target):
+    failed = [kr.describe_record(r) for r in records(report, target) if not r["compiled"]]
+    assert not failed, f"{target}: configs that do not compile:\n" + "\n".join(failed)
+
+
+@pytest.mark.parametrize("target", BAR_TARGETS)
+def test_no_spills_no_scratch(report, target):
+    bad = [kr.describe_record(r) for r in compiled(report, target)
+           if not (r["spill_parsed"] and r["spill_free"])]
+    assert not bad, (f"{target}: configs that spill or use scratch (choose another num_warps / BLOCK_N / "
+                     "num_stages in the route table):\n" + "\n".join(bad))
+
+
+@pytest.mark.parametrize("target", BAR_TARGETS)
+def test_lds_within_limit(report, target):
+    limit = kr.TARGETS[target].lds_per_block
+    bad = [kr.describe_record(r) for r in compiled(report, target) if r["lds_bytes"] > limit]
+    assert not bad, f"{target}: LDS / shared memory above {limit // 1024} KiB per block:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("target", BAR_TARGETS)
+def test_matrix_instructions_in_every_hot_loop(report, target):
+    bad = [kr.describe_record(r) for r in compiled(report, target) if r["mma"]["loop_count"] == 0]
+    assert not bad, (f"{target}: no matrix instruction in the hot loop (scalar FMA fallback?):\n"
+                     + "\n".join(bad))
+
+
+@pytest.mark.parametrize("target", BAR_TARGETS)
+def test_fp8_route_uses_fp8_mma(report, target):
+    fp8 = [r for r in compiled(report, target) if r["kv_format"] == "fp8"]
+    assert fp8, f"{target}: no fp8 route compiled"
+    bad = []
+    for r in fp8:
+        if r["all_constexprs"].get(FP8_OPT_OUT_CONSTEXPR) is False:
+            continue  # explicit opt-out: Q.K in f16 (still needs MMA, checked above)
+        if not any(kr.is_fp8_mma(kind) for kind in r["mma"]["loop"]):
+            bad.append(kr.describe_record(r))
+    assert not bad, (f"{target}: fp8 route whose hot loop has no fp8 matrix instruction (it fell back to "
+                     "f16/bf16 MMA or scalar FMA):\n" + "\n".join(bad))
+
+
+def test_mxfp4_route_uses_scaled_mfma_on_gfx950(report):
+    mx = [r for r in compiled(report, "gfx950") if r["kv_format"] == "mxfp4" or "mxfp4" in r["route"]]
+    if not mx:
+        pytest.skip("no mxfp4 Triton route in the route tables yet")
+    scaled = [r for r in mx if r["uses_dot_scaled"]]
+    if not scaled:
+        pytest.skip("mxfp4 configs do not use tl.dot_scaled: report only: "
+                    + "; ".join(kr.describe_record(r) for r in mx))
+    bad = [kr.describe_record(r) for r in scaled if not any(kr.is_scaled_mma(k) for k in r["mma"]["loop"])]
+    assert not bad, "mxfp4 kernel on tl.dot_scaled without v_mfma_scale in its gfx950 hot loop:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("target", ("gfx950", "gfx942"))
+def test_amd_occupancy_formula_matches_llvm(report, target):
+    """The tool's waves/SIMD from VGPR+AGPR+SGPR equals LLVM's '; Occupancy' comment."""
+    for r in compiled(report, target):
+        occ = r["occupancy"]
+        assert occ["waves_from_registers"] == occ["compiler"], kr.describe_record(r)
+
+
+def test_no_unguarded_inline_asm(report):
+    bad = [f for f in report["inline_asm"] if not f["guarded"]]
+    assert not bad, ("inline_asm_elementwise outside a per-target `if` (it ties the kernel to one ISA):\n"
+                     + "\n".join(f"{f['function']} line {f['line']} (kernel {f['kernel']})" for f in bad))
+
+
+# ---------------------------------------------------------------------------------------------
+# gfx942 (MI300X): report only
+
+
+def test_gfx942_report_only(report):
+    """REPORT ONLY. Passes when every config fits MI300X (compiles, no spills / scratch, LDS <= 64 KiB);
+    otherwise xfails listing what does not fit. The leaderboard GPU is MI355X (gfx950)."""
+    recs = records(report, "gfx942")
+    misfits = [kr.describe_record(r) for r in recs
+               if not (r["compiled"] and r["spill_parsed"] and r["spill_free"] and r["lds_fits"])]
+    if misfits:
+        pytest.xfail("gfx942 (MI300X, report only): configs that would not run well or at all:\n"
+                     + "\n".join(misfits))
+
+
+# ---------------------------------------------------------------------------------------------
+# Output formats
+
+
+def test_markdown_and_text_tables(report):
+    md = kr.format_markdown(report, ["gfx950"])
+    assert report["triton_version"] in md and report["date"] in md
+    body = [line for line in md.splitlines() if line.startswith("| ") and "gfx950" in line]
+    assert len(body) == len(records(report, "gfx950"))
+    text = kr.format_text(report)
+    for target in REPORT_TARGETS:
+        assert f"[{target}]" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers and formulas (no compilation)
+
+
+def test_amd_mma_kinds():
+    assert kr.amd_mma_in_line("\tv_mfma_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:19], 0") == \
+        "v_mfma_f32_16x16x128_f8f6f4 fp8.fp8"
+    assert kr.amd_mma_in_line("\tv_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:7], v[8:11], 0, v1, v2 "
+                              "op_sel_hi:[0,0,0] cbsz:4 blgp:4") == "v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4"
+    assert kr.amd_mma_in_line("\tv_mfma_f32_16x16x32_fp8_fp8 v[0:3], v[4:5], v[6:7], v[0:3]") == \
+        "v_mfma_f32_16x16x32_fp8_fp8 fp8.fp8"
+    assert kr.amd_mma_in_line("\tv_mfma_f32_32x32x16_bf8_fp8 a[0:15], v[4:5], v[6:7], 0") == \
+        "v_mfma_f32_32x32x16_bf8_fp8 bf8.fp8"
+    assert kr.amd_mma_in_line("\tv_mfma_f32_16x16x32_f16 v[0:3], v[4:7], v[8:11], v[0:3]") == \
+        "v_mfma_f32_16x16x32_f16 f16.f16"
+    assert kr.amd_mma_in_line("\tv_mfma_f32_32x32x8f16 a[0:15], v[0:1], v[2:3], a[0:15]") == \
+        "v_mfma_f32_32x32x8f16 f16.f16"
+    assert kr.amd_mma_in_line("\tv_mfma_f32_32x32x4bf16_1k a[0:15], v[0:1], v[2:3], 0") == \
+        "v_mfma_f32_32x32x4bf16_1k bf16.bf16"
+    assert kr.amd_mma_in_line("\tv_fma_f32 v0, v1, v2, v3") is None
+    assert kr.amd_mma_in_line("; v_mfma_f32_16x16x32_f16 in a comment") is None
+    assert kr.is_fp8_mma("v_mfma_f32_16x16x128_f8f6f4 fp8.fp8")
+    assert not kr.is_fp8_mma("v_mfma_f32_16x16x32_f16 f16.f16")
+    assert not kr.is_fp8_mma("v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4")
+    assert kr.is_scaled_mma("v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4")
+
+
+def test_ptx_mma_kinds():
+    assert kr.ptx_mma_in_line("\twgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%f1}, %rd1, %rd2, "
+                              "p, 1, 1;") == "wgmma m64n8k32 e4m3.e4m3"
+    assert kr.ptx_mma_in_line("\twgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%f1}, %rd1, %rd2;") == \
+        "wgmma m64n16k16 f16.f16"
+    assert kr.ptx_mma_in_line("\tmma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%f1}, {%r1}, {%r2}, "
+                              "{%f2};") == "mma m16n8k32 e4m3.e4m3"
+    assert kr.ptx_mma_in_line("\t@%p1 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1};") == \
+        "mma m16n8k16 bf16.bf16"
+    assert kr.ptx_mma_in_line("\twgmma.fence.sync.aligned;") is None
+    assert kr.ptx_mma_in_line("\tfma.rn.f32 %f1, %f2, %f3, %f4;") is None
+    assert kr.is_fp8_mma("wgmma m64n8k32 e4m3.e4m3") and not kr.is_fp8_mma("mma m16n8k16 f16.f16")
+
+
+def test_hot_loop_is_the_loop_with_most_matrix_instructions():
+    asm = textwrap.dedent("""\
+        \tv_mfma_f32_16x16x32_f16 v[0:3], v[4:7], v[8:11], 0
+        .LBB0_2:                                ; =>This Inner Loop Header: Depth=1
+        \tv_mfma_f32_16x16x32_fp8_fp8 v[0:3], v[4:5], v[6:7], v[0:3]
+        ; %bb.3:                                ;   in Loop: Header=BB0_2 Depth=1
+        \tv_mfma_f32_16x16x32_fp8_fp8 v[0:3], v[4:5], v[6:7], v[0:3]
+        .LBB0_4:                                ; %bb.name
+                                                ;   in Loop: Header=BB0_2 Depth=1
+        \tv_mfma_f32_16x16x32_f16 v[0:3], v[4:7], v[8:11], v[0:3]
+        \ts_cbranch_scc1 .LBB0_2
+        ; %bb.5:
+        \tv_mfma_f32_16x16x32_f16 v[0:3], v[4:7], v[8:11], v[0:3]
+        .LBB0_6:                                ; =>This Inner Loop Header: Depth=1
+        \tv_mfma_f32_16x16x32_f16 v[0:3], v[4:7], v[8:11], v[0:3]
+        \ts_cbranch_scc1 .LBB0_6
+        \ts_endpgm
+        """)
+    m = kr.matrix_instructions(asm, kr.amd_mma_in_line)
+    assert m["loop_header"] == "BB0_2"
+    assert m["loop"] == {"v_mfma_f32_16x16x32_f16 f16.f16": 1, "v_mfma_f32_16x16x32_fp8_fp8 fp8.fp8": 2}
+    assert m["total_count"] == 6 and m["loops_with_mma"] == 2
+    ptx = textwrap.dedent("""\
+        $L__BB0_2:                              // %loop
+                                                // =>This Inner Loop Header: Depth=1
+        \twgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%f1}, %rd1, %rd2, p, 1, 1;
+        \t@%p36 bra \t$L__BB0_2;
+        $L__BB0_3:                              // %._crit_edge
+        \twgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%f1}, %rd1, %rd2;
+        """)
+    m = kr.matrix_instructions(ptx, kr.ptx_mma_in_line)
+    assert m["loop"] == {"wgmma m64n8k32 e4m3.e4m3": 1} and m["total_count"] == 2
+
+
+def test_parse_amdgcn_and_ptxas():
+    asm = textwrap.dedent("""\
+        ; Kernel info:
+        ; TotalNumSgprs: 50
+        ; NumVgprs: 256
+        ; NumAgprs: 12
+        ; TotalNumVgprs: 268
+        ; ScratchSize: 92
+        ; NumSGPRsForWavesPerEU: 50
+        ; Occupancy: 1
+        amdhsa.kernels:
+          - .agpr_count:     12
+            .sgpr_spill_count: 0
+            .vgpr_spill_count: 23
+        """)
+    facts = kr.parse_amdgcn(asm)
+    assert (facts["vgpr"], facts["agpr"], facts["sgpr"], facts["scratch_bytes"], facts["occupancy"]) == \
+        (256, 12, 50, 92, 1)
+    assert (facts["vgpr_spill_count"], facts["sgpr_spill_count"]) == (23, 0)
+    out = ("ptxas info    : Function properties for k\n"
+           "    584 bytes stack frame, 612 bytes spill stores, 608 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 1 barriers, 584 bytes cumulative stack size\n")
+    assert kr.parse_ptxas(out) == {"registers": 255, "stack_frame_bytes": 584, "spill_store_bytes": 612,
+                                   "spill_load_bytes": 608}
+
+
+def test_occupancy_formulas():
+    # gfx950 values seen with LLVM's own '; Occupancy' (Triton 3.6): (vgpr, agpr, warps) -> waves/SIMD.
+    for vgpr, agpr, warps, llvm in [(208, 0, 8, 2), (238, 32, 4, 1), (204, 32, 4, 2), (250, 96, 2, 1),
+                                    (256, 0, 8, 2), (64, 0, 4, 8)]:
+        occ = kr.amd_occupancy(vgpr, agpr, 40, 0, warps, 160 * 1024)
+        assert occ["waves_from_registers"] == llvm, (vgpr, agpr, warps)
+    occ = kr.amd_occupancy(208, 0, 38, 75776, 8, 160 * 1024)
+    assert (occ["workgroups_from_registers"], occ["workgroups_from_lds"], occ["resident"]) == (1, 2, 2.0)
+    assert kr.amd_occupancy(300, 0, 40, 0, 8, 160 * 1024)["resident"] == 0  # 8 warps need <= 256 regs
+    assert kr.amd_occupancy(208, 0, 38, 75776, 8, 64 * 1024)["limiter"] == "LDS"
+    nv = kr.nvidia_occupancy(208, 89088, 8)
+    assert (nv["regs_per_warp"], nv["blocks_from_registers"], nv["blocks_from_shared"], nv["resident"]) == \
+        (6656, 1, 2, 8)
+    assert kr.nvidia_occupancy(255, 0, 4)["resident"] == 8  # 8192 regs / warp -> 8 warps
+    assert kr.nvidia_occupancy(32, 0, 4)["resident"] == 64  # capped by 64 warps / SM
+    assert kr.nvidia_occupancy(32, 100 * 1024, 4)["limiter"] == "shared memory"
+
+
+def test_inline_asm_scan_and_module_loading(tmp_path):
+    src = textwrap.dedent('''\
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def _helper(x):
+            return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                             is_pure=True, pack=1)
+
+
+        @triton.jit
+        def unguarded(X):
+            x = tl.load(X)
+            tl.store(X, _helper(x))
+
+
+        @triton.jit
+        def guarded(X, IS_CUDA: tl.constexpr):
+            x = tl.load(X)
+            if IS_CUDA:
+                x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                              is_pure=True, pack=1)
+            tl.store(X, x)
+        ''')
+    path = tmp_path / "asm_kernels.py"
+    path.write_text(src)
+    module = kr.load_module(path)  # with the interpreter off: real JITFunctions
+    assert hasattr(module.guarded, "params")
+    found = {(f["kernel"], f["function"]): f for f in kr.scan_inline_asm([module.unguarded, module.guarded])}
+    assert not found[("unguarded", "_helper")]["guarded"]
+    assert found[("guarded", "guarded")]["guarded"] and found[("guarded", "guarded")]["guard"] == "IS_CUDA"
+    assert kr.jit_functions_reached(module.unguarded) == {"_helper"}
+
+
+def test_targets_and_tables_resolution(tmp_path):
+    assert kr.resolve_targets("gfx950,sm_90,GFX950") == ["gfx950", "sm90"]
+    with pytest.raises(ValueError):
+        kr.resolve_targets("gfx1100")
+    no_tables = tmp_path / "kernels_only.py"
+    no_tables.write_text("def triton_compile_plan(route, params, fp8_dtype):\n    return []\n")
+    assert kr.defines_compile_plan(no_tables)
+    assert kr.tables_path_for(no_tables) == (REPO_ROOT / "submission.py").resolve()
+    with_tables = tmp_path / "with_tables.py"
+    with_tables.write_text("TRITON_EXTRA_CONFIGS = [{'route': 'triton_fp8', 'params': {}}]\n")
+    assert kr.tables_path_for(with_tables) == with_tables.resolve()
