@@ -77,13 +77,24 @@ AITER_ROUTE_TABLE = [
      "params": {"page_size": 1, "num_kv_splits": 32, "q_scale_mode": "per_tensor"}},
 ]
 TRITON_ROUTE_TABLE = [
-    {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8", "params": {"num_splits": 16}},
-    {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8", "params": {"num_splits": 4}},
-    {"max_batch": None, "max_kv_len": 1024, "route": "triton_fp8", "params": {"num_splits": 1}},
-    {"max_batch": 4, "max_kv_len": None, "route": "triton_fp8", "params": {"num_splits": 32}},
-    {"max_batch": 32, "max_kv_len": None, "route": "triton_fp8", "params": {"num_splits": 4}},
-    {"max_batch": 64, "max_kv_len": None, "route": "triton_fp8", "params": {"num_splits": 2}},
-    {"max_batch": None, "max_kv_len": None, "route": "triton_fp8", "params": {"num_splits": 1}},
+    {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
 ]
 # END ROUTE TABLES
 # Configurations a table may select besides its rows (tools/kernel_report.py compiles these too):
