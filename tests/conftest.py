@@ -40,3 +40,13 @@ def golden_mxfp4_path() -> Path:
         pytest.fail(f"golden MXFP4 vectors missing: {GOLDEN_MXFP4} (expected ../shared beside the "
                     "repository, as CI lays it out)")
     return GOLDEN_MXFP4
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of many tiny CPU matmuls (the aiter double): threads gain nothing, and on a
+    shared 2-core machine spinning OpenMP threads made single tests 50x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -6,10 +6,7 @@ double computes from the buffers it is given, so wrong page maths, stale plans o
 give wrong numbers, which these tests measure against float64 attention.
 """
 import importlib
-import importlib.util
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,28 +14,9 @@ import torch
 GENERATIONS = ("2026-03", "2026-04")
 
 
-def _load_helper():
-    name = "aiter_double_loader"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent / "aiter_double" / "loader.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
+from aiter_double import loader  # noqa: E402  (tests/ is on sys.path: pytest's rootdir import)
 
-
-loader = _load_helper()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The double's many small matmuls gain nothing from threads, and on a shared 2-core machine
-    spinning OpenMP threads made single tests 50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 
 import tune
 
@@ -344,17 +343,9 @@ def test_cli_bad_arguments_exit_2(tmp_path):
 
 
 def _aiter_double_submission():
-    import importlib.util
-    import sys
+    from aiter_double import loader
 
-    name = "aiter_double_loader"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent / "aiter_double" / "loader.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name].load_submission("2026-04").module
+    return loader.load_submission("2026-04").module
 
 
 def test_aiter_routes_are_tuned_where_aiter_imports_and_fill_the_aiter_table(sub_copy):
