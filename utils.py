@@ -7,6 +7,7 @@ import math
 import os
 import random
 import re
+import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -189,6 +190,11 @@ def time_call(fn: Callable, device: Union[None, str, torch.device] = None,
     t0 = time.perf_counter_ns()
     result = fn()
     return result, float(time.perf_counter_ns() - t0)
+
+
+def median_time_us(fn: Callable, repeats: int, flush: Optional[Callable[[], None]] = None) -> float:
+    """Median over ``repeats`` of time_call(fn) (one call each, flushed before), in microseconds."""
+    return statistics.median(time_call(fn, flush=flush)[1] for _ in range(repeats)) / 1e3
 
 
 def should_stop(durations: Sequence[float], wall_ns: float, *, min_runs: int = 3,

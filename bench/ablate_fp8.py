@@ -5,12 +5,15 @@ wgmma), 4 full (heads as M, mma.sync), 5 QK wgmma + P.V mma.sync from a second l
 with V re-loaded. Grid = (batch,), kv_len tokens per program, like the kernel at num_splits=1.
 """
 import itertools
-import statistics
+import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import utils  # noqa: E402
 
 
 @triton.jit
@@ -68,7 +71,7 @@ def main():
     q = torch.randn(batch, 16, 576, device="cuda").bfloat16()
     kv = (torch.randn(batch * kv_len, 576, device="cuda") * 20).to(torch.float8_e4m3fn)
     out = torch.empty(batch, 16, 512, device="cuda", dtype=torch.bfloat16)
-    flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    flush = utils.L2Flusher("default")
     floor = batch * kv_len * 576 / 4.2e12 * 1e6
     print(f"floor {floor:.0f} us")
     for mode, bn, nw, ns in itertools.product(range(7), [64, 128], [4, 8], [2, 3]):
@@ -78,14 +81,11 @@ def main():
             continue
         try:
             ablate[(batch,)](q, kv, out, kv_len, 576, BLOCK_N=bn, MODE=mode, num_warps=nw, num_stages=ns)
-            times = []
-            for _ in range(10):
-                flush.zero_()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record(); ablate[(batch,)](q, kv, out, kv_len, 576, BLOCK_N=bn, MODE=mode, num_warps=nw, num_stages=ns); e.record()
-                e.synchronize(); times.append(s.elapsed_time(e) * 1000)
+            median = utils.median_time_us(
+                lambda: ablate[(batch,)](q, kv, out, kv_len, 576, BLOCK_N=bn, MODE=mode, num_warps=nw, num_stages=ns),
+                10, flush)
             k = ablate.warmup(q, kv, out, kv_len, 576, BLOCK_N=bn, MODE=mode, num_warps=nw, num_stages=ns, grid=(1,))
-            print(f"mode {mode} bn {bn} nw {nw} ns {ns}: {statistics.median(times):8.1f} us  x{statistics.median(times)/floor:.2f} floor  regs {k.n_regs} spills {k.n_spills} smem {k.metadata.shared}", flush=True)
+            print(f"mode {mode} bn {bn} nw {nw} ns {ns}: {median:8.1f} us  x{median / floor:.2f} floor  regs {k.n_regs} spills {k.n_spills} smem {k.metadata.shared}", flush=True)
         except Exception as exc:
             print(f"mode {mode} bn {bn} nw {nw} ns {ns}: FAIL {repr(exc)[:200]}", flush=True)
 

@@ -2,7 +2,6 @@
 turned into f16 with integer ops in the load's row layout), against the kernel's loop, where Triton
 reads the fp8 V tile from shared memory one byte at a time to transpose it. Q.K^T stays fp8 wgmma."""
 import os
-import statistics
 import sys
 
 import torch
@@ -10,6 +9,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import utils  # noqa: E402
 from ablate_fp8 import ablate  # noqa: E402
 
 
@@ -44,18 +45,8 @@ def v_pairs(Q, KV, OUT, n_tokens, stride_kv, BLOCK_N: tl.constexpr):
     tl.store(out_ptrs + 1, (acc_odd * 256.0 / l[None, :]).to(tl.bfloat16))
 
 
-def bench(fn, flush, repeats=15):
-    times = []
-    for _ in range(repeats):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); e.synchronize()
-        times.append(s.elapsed_time(e) * 1000)
-    return statistics.median(times)
-
-
 def main():
-    flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    flush = utils.L2Flusher("default")
     for batch, kv_len in [(256, 8192), (64, 1024)]:
         q = torch.randn(batch, 16, 576, device="cuda").bfloat16()
         kv = (torch.randn(batch * kv_len, 576, device="cuda") * 20).to(torch.float8_e4m3fn)
@@ -64,13 +55,13 @@ def main():
         floor = batch * kv_len * 576 / 4.2e12 * 1e6
         for nw, ns in [(4, 3), (8, 3)]:
             ablate[(batch,)](q, kv, ref, kv_len, 576, BLOCK_N=64, MODE=3, num_warps=nw, num_stages=ns)
-            t = bench(lambda: ablate[(batch,)](q, kv, ref, kv_len, 576, BLOCK_N=64, MODE=3, num_warps=nw, num_stages=ns), flush)
+            t = utils.median_time_us(lambda: ablate[(batch,)](q, kv, ref, kv_len, 576, BLOCK_N=64, MODE=3, num_warps=nw, num_stages=ns), 15, flush)
             print(f"bs {batch} kv {kv_len} floor {floor:.0f}: kernel loop nw{nw} ns{ns} {t:.1f} us", flush=True)
             for bn in (64, 32):
                 try:
                     v_pairs[(batch,)](q, kv, out, kv_len, 576, BLOCK_N=bn, num_warps=nw, num_stages=ns)
                     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-                    t = bench(lambda: v_pairs[(batch,)](q, kv, out, kv_len, 576, BLOCK_N=bn, num_warps=nw, num_stages=ns), flush)
+                    t = utils.median_time_us(lambda: v_pairs[(batch,)](q, kv, out, kv_len, 576, BLOCK_N=bn, num_warps=nw, num_stages=ns), 15, flush)
                     k = v_pairs.warmup(q, kv, out, kv_len, 576, BLOCK_N=bn, num_warps=nw, num_stages=ns, grid=(1,))
                     print(f"   v pairs nw{nw} ns{ns} bn{bn}: {t:.1f} us x{t / floor:.2f} diff {err:.4f} regs {k.n_regs} spills {k.n_spills}", flush=True)
                 except Exception as exc:

@@ -120,3 +120,10 @@ def test_copy_bandwidth_and_geomean():
     assert utils.copy_bandwidth("cpu", nbytes=1 << 20, repeats=2) > 0
     assert utils.geomean([1.0, 4.0]) == pytest.approx(2.0)
     assert math.isnan(utils.geomean([]))
+
+
+def test_median_time_us_times_each_call_once_and_flushes_before_each():
+    calls, flushes = [], []
+    median = utils.median_time_us(lambda: calls.append(1), 5, flush=lambda: flushes.append(1))
+    assert len(calls) == 5 and len(flushes) == 5
+    assert median >= 0.0
