@@ -12,7 +12,6 @@ Bounds (rel. L2 over the whole output unless said otherwise):
   these short lengths: the MXFP4 format itself, one mantissa bit).
 - different split counts agree within 1e-3 (measured ~2e-4: bf16 output rounding).
 """
-import math
 import os
 
 import pytest

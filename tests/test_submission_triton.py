@@ -1,6 +1,5 @@
 """The portable Triton route of submission.py (triton_fp8), under the interpreter on CPU (and as is
 on a GPU): strict accuracy against float64 attention, any indptr, splits, caching, fresh outputs."""
-import math
 
 import pytest
 import torch
