@@ -886,6 +886,48 @@ def _mla_decode_mxfp4_kernel(
             tl.atomic_xchg(SPLIT_TICKETS + batch, 0)
 
 
+DIRECT_LAUNCH = triton.__version__.startswith("3.6.")  # see launch()
+
+
+def _launch_hooks_installed():
+    hook = getattr(getattr(triton, "knobs", None), "runtime", None)
+    hook = getattr(hook, "launch_enter_hook", None)
+    return bool(getattr(hook, "calls", hook))  # Triton 3.6: a HookChain, empty unless a tool adds one
+
+
+_COMPILED = {}  # launch key -> (Triton's compiled kernel, the constexpr values it is called with)
+
+
+def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
+    """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the second
+    call with the same key straight through the compiled kernel's launcher.
+
+    Why: Triton's dispatcher re-derives every argument's specialisation and the cache key on each
+    call; that host time is inside the runner's timing whenever the GPU waits for the launch, and
+    in leaderboard mode (a new input per repeat) the cold host path cost 80-220 us per call on the
+    H200 (NOTES.md). The key holds everything the JIT specialises on for these arguments: each
+    tensor's dtype and 16-byte alignment, each scalar's value (strides: divisibility and the value
+    1; sm_scale is a float, not specialised), the grid, the constexprs and the launch options, and
+    the device. Triton's own path is taken for every call under the interpreter, while a launch
+    hook is installed (profilers), and on Triton versions other than the one this call convention
+    was checked on (3.6: it is jit.py's own `kernel.run(...)` call)."""
+    device = tensors[0].device
+    key = (kernel, grid, device, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors), scalars[1:],
+           tuple(constexprs.items()), num_warps, num_stages)
+    entry = _COMPILED.get(key)
+    if entry is None or _launch_hooks_installed():
+        compiled = kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        if DIRECT_LAUNCH and isinstance(compiled, triton.compiler.CompiledKernel):
+            # every constexpr in signature order, defaults included, as Triton's own launch passes them
+            values = dict(constexpr_defaults(kernel), **constexprs)
+            _COMPILED[key] = (compiled, tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
+        return
+    compiled, constexpr_values = entry
+    stream = torch.cuda.current_stream(device).cuda_stream
+    compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                 *tensors, *scalars, *constexpr_values)
+
+
 _SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets)
 
 
@@ -919,13 +961,13 @@ def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, blo
     partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
     per_tensor = q_scale == "tensor"
     q_amax = torch.linalg.vector_norm(q, float("inf"), dtype=torch.float32) if per_tensor else kv_scale
-    _mla_decode_fp8_kernel[(batch, num_splits)](
-        q, q_amax, kv_fp8, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets,
-        config["sm_scale"] * LOG2E,
-        q.stride(0), q.stride(1), kv_fp8.stride(0), out.stride(0), out.stride(1),
-        FP8_MAX=torch.finfo(kv_fp8.dtype).max, NUM_SPLITS=num_splits, BLOCK_N=block_n, QK_FP8=qk_fp8,
-        Q_SCALE_PER_TENSOR=per_tensor, num_warps=num_warps, num_stages=num_stages,
-    )
+    launch(_mla_decode_fp8_kernel, (batch, num_splits),
+           (q, q_amax, kv_fp8, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
+           (config["sm_scale"] * LOG2E, q.stride(0), q.stride(1), kv_fp8.stride(0), out.stride(0),
+            out.stride(1)),
+           {"FP8_MAX": torch.finfo(kv_fp8.dtype).max, "NUM_SPLITS": num_splits, "BLOCK_N": block_n,
+            "QK_FP8": qk_fp8, "Q_SCALE_PER_TENSOR": per_tensor},
+           num_warps, num_stages)
     return out
 
 
@@ -958,13 +1000,12 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
     batch = kv_indptr.shape[0] - 1
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
-    _mla_decode_mxfp4_kernel[(batch, num_splits)](
-        q, packed, scales, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets,
-        config["sm_scale"] * LOG2E,
-        q.stride(0), q.stride(1), packed.stride(0), scales.stride(0), out.stride(0), out.stride(1),
-        NUM_SPLITS=num_splits, BLOCK_N=block_n, QK_DOT_SCALED=_qk_mode(qk_dot_scaled),
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    launch(_mla_decode_mxfp4_kernel, (batch, num_splits),
+           (q, packed, scales, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
+           (config["sm_scale"] * LOG2E, q.stride(0), q.stride(1), packed.stride(0), scales.stride(0),
+            out.stride(0), out.stride(1)),
+           {"NUM_SPLITS": num_splits, "BLOCK_N": block_n, "QK_DOT_SCALED": _qk_mode(qk_dot_scaled)},
+           num_warps, num_stages)
     return out
 
 

@@ -133,3 +133,62 @@ def test_every_triton_table_row_has_a_compile_plan_and_valid_params():
         assert plans and all(p["kernel"] is not None for p in plans)
     assert submission.TRITON_ROUTE_TABLE[-1]["max_batch"] is None
     assert submission.TRITON_ROUTE_TABLE[-1]["max_kv_len"] is None
+
+
+class _FakeCompiled:
+    """Stands in for Triton's CompiledKernel: records the direct launches."""
+    function, packed_metadata = "function-handle", "packed-metadata"
+
+    def __init__(self):
+        self.launches = []
+
+    def run(self, *args):
+        self.launches.append(args)
+
+
+class _FakeKernel:
+    """Stands in for a @triton.jit kernel: counts Triton-dispatched launches."""
+    arg_names = ["A", "B", "scale", "stride", "N", "M"]
+
+    def __init__(self, compiled):
+        self.compiled, self.dispatched = compiled, 0
+
+    def __getitem__(self, grid):
+        def dispatch(*args, **kwargs):
+            self.dispatched += 1
+            return self.compiled
+        return dispatch
+
+
+def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
+    """Triton's dispatch for a new key (alignment, strides, constexprs), the compiled kernel's
+    launcher afterwards, with every constexpr (defaults included) in signature order; never
+    direct while a launch hook is installed."""
+    import types
+
+    compiled = _FakeCompiled()
+    kernel = _FakeKernel(compiled)
+    monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(submission, "constexpr_defaults", lambda k: {"M": 7})
+    monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=42))
+    monkeypatch.setattr(submission, "_COMPILED", {})
+    storage = torch.zeros(64)
+    a, b = storage[:16], storage[16:32]
+
+    def call(tensors, stride=16, n=3):
+        submission.launch(kernel, (2, 3), tensors, (0.5, stride), {"N": n}, 4, 2)
+
+    call((a, b))
+    assert kernel.dispatched == 1 and not compiled.launches
+    call((a, b))
+    assert kernel.dispatched == 1
+    assert compiled.launches[-1] == (2, 3, 1, 42, "function-handle", "packed-metadata", None, None, None,
+                                     a, b, 0.5, 16, 3, 7)
+    call((a, storage[1:17]))  # a tensor no longer 16-byte aligned: Triton specialises anew
+    call((a, b), stride=17)  # a stride's divisibility changed
+    call((a, b), n=4)  # another constexpr
+    assert kernel.dispatched == 4 and len(compiled.launches) == 1
+    monkeypatch.setattr(submission, "_launch_hooks_installed", lambda: True)
+    call((a, b))
+    assert kernel.dispatched == 5 and len(compiled.launches) == 1
