@@ -510,6 +510,26 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _split_range(KV_INDPTR, batch, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[begin, end) of this split's KV rows: the batch row's rows cut into NUM_SPLITS whole-tile
+    chunks (a short row leaves the last splits empty: begin >= end)."""
+    kv_begin = tl.load(KV_INDPTR + batch)
+    kv_end = tl.load(KV_INDPTR + batch + 1)
+    split_len = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_begin = kv_begin + split * split_len
+    return split_begin, tl.minimum(split_begin + split_len, kv_end)
+
+
+@triton.jit
+def _last_split_to_finish(SPLIT_TICKETS, batch, NUM_SPLITS: tl.constexpr):
+    """Call after storing this split's partial: true in the one program of the batch row that draws
+    the last ticket, which may then read every split's partial (and must reset the ticket to 0)."""
+    # All threads' partial stores must precede the release of the ticket (acq_rel, GPU scope).
+    tl.debug_barrier()
+    return tl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1
+
+
+@triton.jit
 def _mla_decode_fp8_kernel(
     Q, Q_AMAX, KV, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
     sm_scale_log2,
@@ -538,11 +558,7 @@ def _mla_decode_fp8_kernel(
     batch = tl.program_id(0)
     split = tl.program_id(1)
     q_row = tl.load(QO_INDPTR + batch)
-    kv_begin = tl.load(KV_INDPTR + batch)
-    kv_end = tl.load(KV_INDPTR + batch + 1)
-    split_len = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    split_begin = kv_begin + split * split_len
-    split_end = tl.minimum(split_begin + split_len, kv_end)
+    split_begin, split_end = _split_range(KV_INDPTR, batch, split, NUM_SPLITS, BLOCK_N)
 
     heads = tl.arange(0, NUM_HEADS)
     latent = tl.arange(0, LATENT)
@@ -598,10 +614,7 @@ def _mla_decode_fp8_kernel(
         partial_ptrs = PARTIAL_O + latent[:, None] * NUM_HEADS + heads[None, :]
         tl.store(partial_ptrs + slot * LATENT * NUM_HEADS, acc_t / safe_sum[None, :])
         tl.store(PARTIAL_LSE + slot * NUM_HEADS + heads, lse)
-        # Every thread's partial stores must precede the release of the ticket (acq_rel, GPU scope).
-        tl.debug_barrier()
-        ticket = tl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel")
-        if ticket == NUM_SPLITS - 1:
+        if _last_split_to_finish(SPLIT_TICKETS, batch, NUM_SPLITS):
             first_slot = batch * NUM_SPLITS
             splits = tl.arange(0, NUM_SPLITS)
             all_lse = tl.load(PARTIAL_LSE + (first_slot + splits[:, None]) * NUM_HEADS + heads[None, :],
@@ -707,11 +720,7 @@ def _mla_decode_mxfp4_kernel(
     batch = tl.program_id(0)
     split = tl.program_id(1)
     q_row = tl.load(QO_INDPTR + batch)
-    kv_begin = tl.load(KV_INDPTR + batch)
-    kv_end = tl.load(KV_INDPTR + batch + 1)
-    split_len = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    split_begin = kv_begin + split * split_len
-    split_end = tl.minimum(split_begin + split_len, kv_end)
+    split_begin, split_end = _split_range(KV_INDPTR, batch, split, NUM_SPLITS, BLOCK_N)
 
     HALF: tl.constexpr = 2 * HALF_BYTES
     LO_BLOCKS: tl.constexpr = HALF_BYTES // 16
@@ -851,10 +860,7 @@ def _mla_decode_mxfp4_kernel(
         tl.store(slot_ptrs + 2 * PART, acc_even_hi_t * out_scale)
         tl.store(slot_ptrs + 3 * PART, acc_odd_hi_t * out_scale)
         tl.store(PARTIAL_LSE + slot * NUM_HEADS + heads, lse)
-        # All threads' partial stores must precede the release of the ticket (acq_rel, GPU scope).
-        tl.debug_barrier()
-        ticket = tl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel")
-        if ticket == NUM_SPLITS - 1:
+        if _last_split_to_finish(SPLIT_TICKETS, batch, NUM_SPLITS):
             first_slot = batch * NUM_SPLITS
             lse_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
             for s in range(NUM_SPLITS):
@@ -919,7 +925,7 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
         compiled = kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
         if DIRECT_LAUNCH and isinstance(compiled, triton.compiler.CompiledKernel):
             # every constexpr in signature order, defaults included, as Triton's own launch passes them
-            values = dict(constexpr_defaults(kernel), **constexprs)
+            values = dict(keyword_defaults(kernel), **constexprs)
             _COMPILED[key] = (compiled, tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
         return
     compiled, constexpr_values = entry
@@ -946,10 +952,6 @@ def split_workspace(batch, num_splits, device):
     return workspace
 
 
-TRITON_FP8_DEFAULTS = {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
-                       "q_scale": "program"}
-
-
 def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, block_n=64, num_warps=8,
                      num_stages=3, qk_fp8=True, q_scale="program"):
     """Split-KV decode over kv_data["fp8"] in one launch (see _mla_decode_fp8_kernel).
@@ -971,8 +973,6 @@ def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, blo
     return out
 
 
-# num_stages 2: with 3 the kernel spills on gfx950 (tools/kernel_report.py)
-TRITON_MXFP4_DEFAULTS = {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2, "qk_dot_scaled": False}
 _QK_MODES = {False: "none", None: "none", "none": "none", True: "bf16", "bf16": "bf16", "e4m3": "e4m3"}
 
 
@@ -992,7 +992,8 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
     qk_dot_scaled: False (default, strategy a: S and O from f16 tiles dequantised in registers),
     "bf16" or True / "e4m3" (strategy b: S from tl.dot_scaled with a bf16 / in-kernel MXFP8 Q; GPU
     only, the Triton 3.6 interpreter has no dot_scaled). num_splits: KV splits per row, any >= 1,
-    combined in-kernel by the last split of each row. block_n: tokens per tile (power of 2, >= 16)."""
+    combined in-kernel by the last split of each row. block_n: tokens per tile (power of 2, >= 16).
+    num_stages 2: with 3 the kernel spills on gfx950 (tools/kernel_report.py)."""
     kv_fp4, kv_scales = kv_data["mxfp4"]
     packed = kv_fp4.view(torch.uint8)
     packed = packed.reshape(packed.shape[0], MXFP4_ROW_BYTES)
@@ -1018,21 +1019,22 @@ _FP8_KERNEL_SIGNATURE = {
 }
 
 
-def constexpr_defaults(kernel):
-    """The kernel's defaulted constexpr arguments: an ahead-of-time compile must name them all."""
-    return {name: param.default for name, param in inspect.signature(kernel.fn).parameters.items()
+def keyword_defaults(fn):
+    """The defaulted parameters of a route, or of a @triton.jit kernel (its constexprs: an
+    ahead-of-time compile must name them all)."""
+    return {name: param.default for name, param in inspect.signature(getattr(fn, "fn", fn)).parameters.items()
             if param.default is not inspect.Parameter.empty}
 
 
 def triton_fp8_compile_plan(params, fp8_dtype):
-    p = dict(TRITON_FP8_DEFAULTS, **params)
+    p = dict(keyword_defaults(triton_fp8_route), **params)
     return {
         "kernel": _mla_decode_fp8_kernel,
         "signature": {name: kind.format(fp8=fp8_dtype) for name, kind in _FP8_KERNEL_SIGNATURE.items()},
         "constexprs": {"FP8_MAX": 448.0 if fp8_dtype == "fp8e4nv" else 240.0,
                        "NUM_SPLITS": p["num_splits"], "BLOCK_N": p["block_n"], "QK_FP8": p["qk_fp8"],
                        "Q_SCALE_PER_TENSOR": p["q_scale"] == "tensor",
-                       **constexpr_defaults(_mla_decode_fp8_kernel)},
+                       **keyword_defaults(_mla_decode_fp8_kernel)},
         # torch's pointers and the strides 576 / 512 / 16 are multiples of 16, as the JIT sees them
         "aligned_args": [name for name in _FP8_KERNEL_SIGNATURE if name != "sm_scale_log2"],
         "num_warps": p["num_warps"], "num_stages": p["num_stages"],
@@ -1048,11 +1050,11 @@ _MXFP4_KERNEL_SIGNATURE = {
 
 
 def triton_mxfp4_compile_plan(params, fp8_dtype):
-    p = dict(TRITON_MXFP4_DEFAULTS, **params)
+    p = dict(keyword_defaults(triton_mxfp4_route), **params)
     return {
         "kernel": _mla_decode_mxfp4_kernel, "signature": dict(_MXFP4_KERNEL_SIGNATURE),
         "constexprs": {"NUM_SPLITS": p["num_splits"], "BLOCK_N": p["block_n"],
-                       "QK_DOT_SCALED": _qk_mode(p["qk_dot_scaled"]), **constexpr_defaults(_mla_decode_mxfp4_kernel)},
+                       "QK_DOT_SCALED": _qk_mode(p["qk_dot_scaled"]), **keyword_defaults(_mla_decode_mxfp4_kernel)},
         # the scale row stride is 24, not a multiple of 16 as the JIT sees the others
         "aligned_args": [name for name in _MXFP4_KERNEL_SIGNATURE if name not in ("sm_scale_log2", "stride_scale_token")],
         "num_warps": p["num_warps"], "num_stages": p["num_stages"],

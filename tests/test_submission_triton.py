@@ -169,7 +169,7 @@ def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
     compiled = _FakeCompiled()
     kernel = _FakeKernel(compiled)
     monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
-    monkeypatch.setattr(submission, "constexpr_defaults", lambda k: {"M": 7})
+    monkeypatch.setattr(submission, "keyword_defaults", lambda k: {"M": 7})
     monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=42))
     monkeypatch.setattr(submission, "_COMPILED", {})
