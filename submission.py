@@ -77,20 +77,36 @@ AITER_ROUTE_TABLE = [
      "params": {"page_size": 1, "num_kv_splits": 32, "q_scale_mode": "per_tensor"}},
 ]
 TRITON_ROUTE_TABLE = [
+    {"max_batch": 4, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 8, "num_warps": 8, "num_stages": 2, "v_buffers": 1}},
     {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "v_buffers": 1}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "v_buffers": 1}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "v_buffers": 1}},
     {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 32, "num_warps": 8, "num_stages": 2, "v_buffers": 1}},
     {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "v_buffers": 1}},
     {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "v_buffers": 1}},
     {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "v_buffers": 1}},
     {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
@@ -98,9 +114,10 @@ TRITON_ROUTE_TABLE = [
 ]
 # END ROUTE TABLES
 # Configurations a table may select besides its rows (tools/kernel_report.py compiles these too):
-# the fused MXFP4 route, chosen by tune.py only where it wins on the machine tuned.
+# the fused MXFP4 route and the Hopper route (sm_90 only), chosen by tune.py where they win.
 TRITON_EXTRA_CONFIGS = [
     {"route": "triton_mxfp4", "params": {}},
+    {"route": "hopper_fp8", "params": {}},
 ]
 # ---------------------------------------------------------------------------------------------
 
@@ -904,6 +921,16 @@ def _launch_hooks_installed():
 _COMPILED = {}  # launch key -> (Triton's compiled kernel, the constexpr values it is called with)
 
 
+def _specialisation(arg):
+    """What Triton specialises a tensor argument on: dtype and 16-byte alignment; for a TMA
+    descriptor (Hopper route) its block, layout and its base's, and row-count alignment."""
+    base = getattr(arg, "base", None)
+    if base is not None:
+        return (type(arg), base.dtype, base.data_ptr() % 16 == 0, tuple(arg.block_shape), repr(arg.layout),
+                tuple(arg.strides), arg.shape[0] % 16 == 0)
+    return (arg.dtype, arg.data_ptr() % 16 == 0)
+
+
 def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the second
     call with the same key straight through the compiled kernel's launcher.
@@ -918,7 +945,7 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     hook is installed (profilers), and on Triton versions other than the one this call convention
     was checked on (3.6: it is jit.py's own `kernel.run(...)` call)."""
     device = tensors[0].device
-    key = (kernel, grid, device, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in tensors), scalars[1:],
+    key = (kernel, grid, device, tuple(map(_specialisation, tensors)), scalars[1:],
            tuple(constexprs.items()), num_warps, num_stages)
     entry = _COMPILED.get(key)
     if entry is None or _launch_hooks_installed():
@@ -1061,21 +1088,392 @@ def triton_mxfp4_compile_plan(params, fp8_dtype):
     }
 
 
-TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan}
 
 
 def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
-    """[{kernel, signature, constexprs, aligned_args, num_warps, num_stages}] for one route-table
-    row, exactly what its route launches. fp8_dtype: Triton's name of the KV dtype, fp8e4nv
-    (float8_e4m3fn: MI355X, NVIDIA) or fp8e4b8 (float8_e4m3fnuz: MI300)."""
+    """[{kernel, signature, constexprs, aligned_args, num_warps, num_stages[, targets]}] for one
+    route-table row, exactly what its route launches; "targets" (tools/kernel_report.py names)
+    limits an entry to the machines its route runs on. fp8_dtype: Triton's name of the KV dtype,
+    fp8e4nv (float8_e4m3fn: MI355X, NVIDIA) or fp8e4b8 (float8_e4m3fnuz: MI300)."""
     plan = TRITON_COMPILE_PLANS.get(route)
-    return [] if plan is None else [plan(params, fp8_dtype)]
+    entry = None if plan is None else plan(params, fp8_dtype)
+    return [] if entry is None else [entry]
 # ==== END TRITON ROUTES ====
+
+
+# ==== BEGIN HOPPER ROUTE ====
+# NVIDIA Hopper only (sm_90: H100, H200), written in Gluon, the explicit-layout dialect that ships
+# with Triton 3.6. Why a second kernel: P.V needs V^T, and V is stored token-major. tl.dot can only
+# get V^T into the MMA by converting the fp8 tile to f16 in registers through byte-wise transposed
+# shared-memory reads, which is what holds the portable kernel at 2.3x the byte floor on the H200
+# (NOTES.md). Here the kernel itself transposes each fp8 V chunk in registers (4 tokens x 4 dims
+# per thread, the bytes repacked) into a K-major fp8 tile in shared memory, so both products are
+# fp8 wgmma reading shared memory, fed by TMA. Off Hopper, or where Gluon does not import, the
+# route does not exist and its table rows are skipped (each is followed by a portable row).
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    HAVE_GLUON = hasattr(triton, "constexpr_function")
+except Exception:  # an older Triton, or one built without the NVIDIA Gluon dialect
+    HAVE_GLUON = False
+
+
+def _is_hopper():
+    return (HAVE_GLUON and torch.version.hip is None and torch.cuda.is_available()
+            and torch.cuda.get_device_capability()[0] == 9)
+
+
+HOPPER = _is_hopper()
+HOPPER_CHUNK = 128  # latent dims per TMA box, V transpose and P.V product (4 per token)
+
+if HAVE_GLUON:
+    @triton.constexpr_function
+    def _v_transpose_layout(warps):
+        """Register layout of one (64 tokens x 128 dims) fp8 V chunk read from its TMA tile: each
+        thread holds 4 contiguous dims (one 32-bit read) of tokens t, t+8, t+16, t+24 (and +32);
+        the 8 lanes of a row group read t % 8 = 0..7, 8 different 16-byte columns of the
+        128-byte-swizzled tile: no bank conflicts."""
+        regs = [[0, 1], [0, 2], [8, 0], [16, 0], [32, 0]] + ([[0, 64]] if warps == 4 else [])
+        warp_bases = [[0, 16], [0, 32]] + ([[0, 64]] if warps == 8 else [])
+        return gl.DistributedLinearLayout(regs, [[1, 0], [2, 0], [4, 0], [0, 4], [0, 8]], warp_bases, [],
+                                          [64, HOPPER_CHUNK])
+
+    @gluon.jit
+    def _tokens_in_pv_order(x, N: gl.constexpr):
+        """(64 tokens x N) with token 8u + v moved to row 8v + u: P.V sums over tokens in this order,
+        in which each thread's 4 tokens of _v_transpose_layout are contiguous (one 32-bit store).
+        P^T gets the same order, so the sum is unchanged."""
+        return gl.reshape(gl.permute(gl.reshape(x, [8, 8, N]), (1, 0, 2)), [64, N])
+
+    @gluon.jit
+    def _pv_chunk(kv_chunk, vt_buffer, pt_smem, acc, correction2, V_LAYOUT: gl.constexpr,
+                  O_MMA: gl.constexpr, CHUNK: gl.constexpr):
+        """acc * correction + V_chunk^T . P^T, issued asynchronously (the caller waits)."""
+        # relabel + transpose only rename registers; the store packs 4 tokens' bytes per dim
+        vt_buffer.store(gl.permute(_tokens_in_pv_order(kv_chunk.load(V_LAYOUT), CHUNK), (1, 0)))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
+        return warpgroup_mma(vt_buffer, pt_smem.permute((1, 0)), acc, is_async=True)
+
+    @gluon.jit
+    def _hi_plus_lo(acc, LAYOUT: gl.constexpr):
+        """(dims x 2*heads) with the products of P_hi and P_lo interleaved -> (dims x heads) of P.V."""
+        hi, lo = gl.split(gl.reshape(acc, [acc.shape[0], acc.shape[1] // 2, 2]))
+        return gl.convert_layout((hi + lo * (1.0 / 16)) * (1.0 / 256), LAYOUT)
+
+    @gluon.jit
+    def _store_chunk(acc, base, stride_dim: gl.constexpr, stride_head: gl.constexpr, head_scale,
+                     LAYOUT: gl.constexpr, CHUNK: gl.constexpr, NUM_HEADS: gl.constexpr):
+        """base[d * stride_dim + h * stride_head] = acc[d, h] * head_scale[h] (cast to base's type)."""
+        dims = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, LAYOUT))
+        heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT))
+        scale = gl.expand_dims(gl.convert_layout(head_scale, gl.SliceLayout(0, LAYOUT)), 0)
+        gl.store(base + gl.expand_dims(dims, 1) * stride_dim + gl.expand_dims(heads, 0) * stride_head,
+                 (acc * scale).to(base.dtype.element_ty))
+
+    @gluon.jit
+    def _merge_chunk(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, c: gl.constexpr, lse_max, out_scale,
+                     LAYOUT: gl.constexpr, NUM_SPLITS: gl.constexpr, CHUNK: gl.constexpr,
+                     NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
+        """Latent dims [c*CHUNK, (c+1)*CHUNK) of the output: the splits' partials weighted by their lse."""
+        dims = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, LAYOUT))
+        heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT))
+        offsets = c * CHUNK + gl.expand_dims(dims, 1) + gl.expand_dims(heads, 0) * LATENT
+        merged = gl.zeros([CHUNK, NUM_HEADS], gl.float32, layout=LAYOUT)
+        lse_max = gl.convert_layout(lse_max, gl.SliceLayout(0, LAYOUT))
+        for s in range(NUM_SPLITS):
+            weight = gl.exp2(gl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads, cache_modifier=".cg")
+                             - lse_max)
+            merged += gl.load(PARTIAL_O + (first_slot + s) * LATENT * NUM_HEADS + offsets,
+                              cache_modifier=".cg") * gl.expand_dims(weight, 0)
+        _store_chunk(merged, out_row + c * CHUNK, 1, LATENT, out_scale, LAYOUT, CHUNK, NUM_HEADS)
+
+    @gluon.jit
+    def _mla_decode_fp8_hopper_kernel(
+        Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+        sm_scale_log2, stride_q_token, stride_o_token,
+        FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, V_BUFFERS: gl.constexpr,
+        WARPS: gl.constexpr, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
+        ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+    ):
+        """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
+        _mla_decode_fp8_kernel (same partials, lse and tickets; same results within rounding).
+
+        Tile plan: one program = one batch row x one KV split, all 16 heads, WARPS = 4 or 8.
+        Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
+        fp8 bytes, loaded by TMA (4 boxes of 128 latent dims + 1 of 64 rope dims) into a ring of
+        STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed.
+        Per tile:  S^T (64 x 16) = sum of 5 fp8 wgmma over the boxes with Q^T (quantised once per
+        program, per-program amax scale, kept in shared memory);  online softmax in float32, base 2;
+        P^T in fp8 as hi + lo/16 of 256 P (256 keeps small probabilities normal; hi + lo keeps
+        about 7 bits, bf16-like) -> one (32 x 64) K-major fp8 tile;  for each 128-dim chunk of V:
+        transpose in registers into a K-major fp8 tile (V_BUFFERS of them: 2 overlap a chunk's
+        transpose with the previous chunk's MMA), acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T.
+        Shared memory: STAGES x 36 KiB + V_BUFFERS x 8 KiB + 9 KiB of q: STAGES 2 with 1 buffer
+        fits two programs per SM.
+        Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0;
+        past the cache TMA reads zeros); q; out; per split a 32 KiB float32 partial."""
+        NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
+        gl.static_assert(BLOCK_N == 64, "the V transpose layout and P.V token order assume 64-token tiles")
+        batch = gl.program_id(0)
+        split = gl.program_id(1)
+        q_row = gl.load(QO_INDPTR + batch)
+        row_begin = gl.load(KV_INDPTR + batch)
+        row_end = gl.load(KV_INDPTR + batch + 1)
+        split_len = gl.cdiv(gl.cdiv(row_end - row_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        kv_begin = row_begin + split * split_len
+        kv_end = gl.minimum(kv_begin + split_len, row_end)
+        num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
+
+        S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
+                                                         instr_shape=[16, NUM_HEADS // (WARPS // 4), 32])
+        O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                         instr_shape=[16, 2 * NUM_HEADS, 32])
+        ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
+        DIMS: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, WARPS], [0, 1])  # (dims x heads): out
+        V_LAYOUT: gl.constexpr = _v_transpose_layout(WARPS)
+
+        kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
+                                              lat_desc.layout)
+        kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
+        loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for ring_slot in gl.static_range(STAGES):
+            mbarrier.init(loaded.index(ring_slot), count=1)
+        q_latent = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CHUNKS, NUM_HEADS, CHUNK],
+                                             gl.NVMMASharedLayout.get_default_for([NUM_HEADS, CHUNK], gl.float8e4nv))
+        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_HEADS, ROPE],
+                                           gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], gl.float8e4nv))
+        vt_smem = gl.allocate_shared_memory(gl.float8e4nv, [V_BUFFERS, CHUNK, BLOCK_N],
+                                            gl.NVMMASharedLayout.get_default_for([CHUNK, BLOCK_N], gl.float8e4nv))
+        pt_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * NUM_HEADS, BLOCK_N],
+                                            gl.NVMMASharedLayout.get_default_for([2 * NUM_HEADS, BLOCK_N], gl.float8e4nv))
+
+        # Start the first STAGES - 1 tile loads, then quantise q while they fly.
+        TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE)
+        for t in gl.static_range(STAGES - 1):
+            _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, kv_begin + t * BLOCK_N,
+                       t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+        heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(1, ROWS))
+        q_base = Q + q_row * stride_q_token + gl.expand_dims(heads, 1) * (LATENT + ROPE)
+        q_dims = gl.expand_dims(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ROWS)), 0)
+        q0 = gl.load(q_base + q_dims).to(gl.float32)
+        q1 = gl.load(q_base + CHUNK + q_dims).to(gl.float32)
+        q2 = gl.load(q_base + 2 * CHUNK + q_dims).to(gl.float32)
+        q3 = gl.load(q_base + 3 * CHUNK + q_dims).to(gl.float32)
+        qr = gl.load(q_base + LATENT + gl.expand_dims(gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROWS)), 0))
+        qr = qr.to(gl.float32)
+        amax = gl.maximum(gl.maximum(gl.max(gl.max(gl.abs(q0), 1), 0), gl.max(gl.max(gl.abs(q1), 1), 0)),
+                          gl.maximum(gl.max(gl.max(gl.abs(q2), 1), 0), gl.max(gl.max(gl.abs(q3), 1), 0)))
+        q_scale = gl.maximum(gl.maximum(amax, gl.max(gl.max(gl.abs(qr), 1), 0)), 1e-12) / FP8_MAX
+        q_latent.index(0).store((q0 / q_scale).to(gl.float8e4nv))
+        q_latent.index(1).store((q1 / q_scale).to(gl.float8e4nv))
+        q_latent.index(2).store((q2 / q_scale).to(gl.float8e4nv))
+        q_latent.index(3).store((q3 / q_scale).to(gl.float8e4nv))
+        q_rope.store((qr / q_scale).to(gl.float8e4nv))
+        fence_async_shared()
+        kv_scale = gl.load(KV_SCALE)
+        score_scale = sm_scale_log2 * kv_scale * q_scale
+
+        running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))
+        running_sum = gl.zeros([NUM_HEADS], gl.float32, layout=gl.SliceLayout(0, S_MMA))
+        acc0 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+        acc1 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+        acc2 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+        acc3 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+        tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
+        no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
+        for i in range(num_tiles):
+            gl.thread_barrier()  # every warp is done with the slot the next load overwrites
+            ahead = i + STAGES - 1
+            _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(ahead % STAGES), ahead % STAGES,
+                       kv_begin + ahead * BLOCK_N, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+            slot = i % STAGES
+            mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)
+            first = slot * NUM_CHUNKS
+            scores = warpgroup_mma_wait(0, deps=(_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores,
+                                                               NUM_CHUNKS),))
+
+            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end
+            scores = gl.where(gl.expand_dims(valid, 1), scores * score_scale, float("-inf"))
+            new_max = gl.maximum(running_max, gl.max(scores, 0))
+            correction = gl.exp2(running_max - new_max)
+            probs = gl.exp2(scores - gl.expand_dims(new_max, 0))
+            running_sum = running_sum * correction + gl.sum(probs, 0)
+            running_max = new_max
+            p_scaled = probs * 256.0
+            p_hi = p_scaled.to(gl.float8e4nv)
+            p_lo = ((p_scaled - p_hi.to(gl.float32)) * 16.0).to(gl.float8e4nv)
+            p_both = gl.reshape(gl.join(p_hi, p_lo), [BLOCK_N, 2 * NUM_HEADS])  # column 2h + (0 hi, 1 lo)
+            pt_smem.store(gl.permute(_tokens_in_pv_order(p_both, 2 * NUM_HEADS), (1, 0)))
+            correction2 = gl.reshape(gl.join(correction, correction), [2 * NUM_HEADS])
+            if V_BUFFERS == 2:
+                acc0 = _pv_chunk(kv_latent.index(first), vt_smem.index(0), pt_smem, acc0, correction2, V_LAYOUT, O_MMA, CHUNK)
+                acc1 = _pv_chunk(kv_latent.index(first + 1), vt_smem.index(1), pt_smem, acc1, correction2, V_LAYOUT, O_MMA, CHUNK)
+                acc0 = warpgroup_mma_wait(1, deps=(acc0,))
+                gl.thread_barrier()
+                acc2 = _pv_chunk(kv_latent.index(first + 2), vt_smem.index(0), pt_smem, acc2, correction2, V_LAYOUT, O_MMA, CHUNK)
+                acc1 = warpgroup_mma_wait(1, deps=(acc1,))
+                gl.thread_barrier()
+                acc3 = _pv_chunk(kv_latent.index(first + 3), vt_smem.index(1), pt_smem, acc3, correction2, V_LAYOUT, O_MMA, CHUNK)
+                acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))
+            else:
+                acc0 = warpgroup_mma_wait(0, deps=(_pv_chunk(kv_latent.index(first), vt_smem.index(0), pt_smem, acc0,
+                                                             correction2, V_LAYOUT, O_MMA, CHUNK),))
+                gl.thread_barrier()
+                acc1 = warpgroup_mma_wait(0, deps=(_pv_chunk(kv_latent.index(first + 1), vt_smem.index(0), pt_smem, acc1,
+                                                             correction2, V_LAYOUT, O_MMA, CHUNK),))
+                gl.thread_barrier()
+                acc2 = warpgroup_mma_wait(0, deps=(_pv_chunk(kv_latent.index(first + 2), vt_smem.index(0), pt_smem, acc2,
+                                                             correction2, V_LAYOUT, O_MMA, CHUNK),))
+                gl.thread_barrier()
+                acc3 = warpgroup_mma_wait(0, deps=(_pv_chunk(kv_latent.index(first + 3), vt_smem.index(0), pt_smem, acc3,
+                                                             correction2, V_LAYOUT, O_MMA, CHUNK),))
+        for ring_slot in gl.static_range(STAGES):
+            mbarrier.invalidate(loaded.index(ring_slot))
+
+        out0 = _hi_plus_lo(acc0, DIMS)
+        out1 = _hi_plus_lo(acc1, DIMS)
+        out2 = _hi_plus_lo(acc2, DIMS)
+        out3 = _hi_plus_lo(acc3, DIMS)
+        out_row = OUT + q_row * stride_o_token
+        if NUM_SPLITS == 1:
+            out_scale = kv_scale / running_sum
+            _store_chunk(out0, out_row, 1, LATENT, out_scale, DIMS, CHUNK, NUM_HEADS)
+            _store_chunk(out1, out_row + CHUNK, 1, LATENT, out_scale, DIMS, CHUNK, NUM_HEADS)
+            _store_chunk(out2, out_row + 2 * CHUNK, 1, LATENT, out_scale, DIMS, CHUNK, NUM_HEADS)
+            _store_chunk(out3, out_row + 3 * CHUNK, 1, LATENT, out_scale, DIMS, CHUNK, NUM_HEADS)
+        else:
+            # An empty split (row shorter than the split grid) has sum 0: partial 0, lse -inf (weight 0).
+            has_tokens = running_sum > 0
+            safe_sum = gl.where(has_tokens, running_sum, 1.0)
+            lse = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf"))
+            slot_id = batch * NUM_SPLITS + split
+            partial = PARTIAL_O + slot_id * LATENT * NUM_HEADS  # (heads x dims) here, like the output
+            _store_chunk(out0, partial, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
+            _store_chunk(out1, partial + CHUNK, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
+            _store_chunk(out2, partial + 2 * CHUNK, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
+            _store_chunk(out3, partial + 3 * CHUNK, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
+            gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, S_MMA)), lse)
+            gl.thread_barrier()  # every thread's partial stores precede the ticket's release
+            if gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
+                SPLITS_POW2: gl.constexpr = triton.next_power_of_2(NUM_SPLITS)
+                splits = gl.arange(0, SPLITS_POW2, layout=gl.SliceLayout(1, ROWS))
+                lse_heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, ROWS))
+                first_slot = batch * NUM_SPLITS
+                all_lse = gl.load(PARTIAL_LSE + (first_slot + gl.expand_dims(splits, 1)) * NUM_HEADS
+                                  + gl.expand_dims(lse_heads, 0), mask=gl.expand_dims(splits < NUM_SPLITS, 1),
+                                  other=float("-inf"), cache_modifier=".cg")
+                lse_max = gl.max(all_lse, 0)
+                out_scale = kv_scale / gl.sum(gl.exp2(all_lse - gl.expand_dims(lse_max, 0)), 0)
+                for c in gl.static_range(NUM_CHUNKS):
+                    _merge_chunk(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, c, lse_max, out_scale, DIMS,
+                                 NUM_SPLITS, CHUNK, NUM_HEADS, LATENT)
+                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
+
+    @gluon.jit
+    def _issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores, NUM_CHUNKS: gl.constexpr):
+        """S^T of the tile in ring slot `slot`: 5 fp8 wgmma (4 latent boxes + rope) with Q^T, issued
+        asynchronously (the caller waits)."""
+        first = slot * NUM_CHUNKS
+        scores = warpgroup_mma(kv_latent.index(first), q_latent.index(0).permute((1, 0)), no_scores,
+                               use_acc=False, is_async=True)
+        for c in gl.static_range(1, NUM_CHUNKS):
+            scores = warpgroup_mma(kv_latent.index(first + c), q_latent.index(c).permute((1, 0)), scores,
+                                   is_async=True)
+        return warpgroup_mma(kv_rope.index(slot), q_rope.permute((1, 0)), scores, is_async=True)
+
+    @gluon.jit
+    def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pred, TILE_BYTES: gl.constexpr,
+                   NUM_CHUNKS: gl.constexpr, CHUNK: gl.constexpr, LATENT: gl.constexpr):
+        """TMA: tokens [token, token + 64) of the cache into ring slot `slot` (skipped when not pred)."""
+        mbarrier.expect(barrier, TILE_BYTES, pred=pred)
+        for c in gl.static_range(NUM_CHUNKS):
+            tma.async_copy_global_to_shared(lat_desc, [token, c * CHUNK], barrier, kv_latent.index(slot * NUM_CHUNKS + c),
+                                            pred=pred)
+        tma.async_copy_global_to_shared(rope_desc, [token, LATENT], barrier, kv_rope.index(slot), pred=pred)
+
+
+def hopper_layouts():
+    """Shared layouts of the two TMA boxes: (64 tokens x 128 latent dims), (64 tokens x 64 rope dims)."""
+    return (gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], gl.float8e4nv),
+            gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], gl.float8e4nv))
+
+
+_KV_DESCRIPTORS = {}  # (data_ptr, rows, device) -> the two TMA descriptors of that fp8 cache
+
+
+def kv_descriptors(kv_fp8):
+    """TMA descriptors over the (rows, 576) fp8 cache, cached per cache tensor (the last few)."""
+    key = (kv_fp8.data_ptr(), kv_fp8.shape[0], kv_fp8.device)
+    descriptors = _KV_DESCRIPTORS.get(key)
+    if descriptors is None:
+        if len(_KV_DESCRIPTORS) >= 8:
+            _KV_DESCRIPTORS.clear()
+        rows = kv_fp8.view(kv_fp8.shape[0], QK_HEAD_DIM)
+        latent_layout, rope_layout = hopper_layouts()
+        descriptors = _KV_DESCRIPTORS[key] = (
+            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK], latent_layout),
+            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, ROPE_DIM], rope_layout))
+    return descriptors
+
+
+def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num_warps=4, num_stages=2,
+                     v_buffers=1):
+    """Split-KV decode over kv_data["fp8"] on Hopper in one launch (see _mla_decode_fp8_hopper_kernel).
+    num_stages: TMA ring slots (2-4); v_buffers: transposed-V tiles (1 or 2); num_warps 4 or 8."""
+    kv_fp8, kv_scale = kv_data["fp8"]
+    if kv_fp8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f'kv_data["fp8"] must be float8_e4m3fn for the Hopper route, got {kv_fp8.dtype}')
+    batch = kv_indptr.shape[0] - 1
+    out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
+    latent_desc, rope_desc = kv_descriptors(kv_fp8)
+    launch(_mla_decode_fp8_hopper_kernel, (batch, num_splits),
+           (q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
+           (config["sm_scale"] * LOG2E, q.stride(0), out.stride(0)),
+           {"FP8_MAX": torch.finfo(kv_fp8.dtype).max, "NUM_SPLITS": num_splits, "STAGES": num_stages,
+            "V_BUFFERS": v_buffers, "WARPS": num_warps},
+           num_warps, 1)
+    return out
+
+
+def hopper_fp8_compile_plan(params, fp8_dtype):
+    """sm_90 only ("targets"); no plan without Gluon."""
+    if not HAVE_GLUON:
+        return None
+    p = dict(keyword_defaults(hopper_fp8_route), **params)
+    latent_layout, rope_layout = hopper_layouts()
+    signature = {
+        "Q": "*bf16", "lat_desc": f"tensordesc<fp8e4nv[64, {HOPPER_CHUNK}],{latent_layout!r}>",
+        "rope_desc": f"tensordesc<fp8e4nv[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32",
+        "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "OUT": "*bf16", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32",
+        "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",
+    }
+    return {
+        "kernel": _mla_decode_fp8_hopper_kernel, "targets": ["sm90"], "signature": signature,
+        "constexprs": {"FP8_MAX": 448.0, "NUM_SPLITS": p["num_splits"], "STAGES": p["num_stages"],
+                       "V_BUFFERS": p["v_buffers"], "WARPS": p["num_warps"],
+                       **keyword_defaults(_mla_decode_fp8_hopper_kernel)},
+        "aligned_args": [name for name, kind in signature.items() if kind[0] == "*" or name.startswith("stride")],
+        "num_warps": p["num_warps"], "num_stages": 1,
+    }
+# ==== END HOPPER ROUTE ====
+
+TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
+                        "hopper_fp8": hopper_fp8_compile_plan}
+
+
 
 ROUTES = {
     "triton_fp8": triton_fp8_route,
     "triton_mxfp4": triton_mxfp4_route,
 }
+if HOPPER:  # the Hopper route exists only on sm_90 with Gluon; elsewhere its table rows are skipped
+    ROUTES["hopper_fp8"] = hopper_fp8_route
 if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API this file knows
     ROUTES.update({
         "aiter_bf16": aiter_bf16_route,
@@ -1089,6 +1487,9 @@ if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API t
 # bound is 0.06 (tests/test_submission_triton.py also holds triton_fp8 to 1.25x the reference).
 ROUTE_INFO = {
     "triton_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06},
+    # "portable": False -> a table row with this route must be followed by a portable row for
+    # the same shapes (tune.py writes one), since the route is absent off its hardware
+    "hopper_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06, "portable": False},
     # the mxfp4 format alone costs about 6-15% per row (tests/test_mxfp4_route.py measures it)
     "triton_mxfp4": {"kv_format": "mxfp4", "rel_l2_bound": 0.2},
     "aiter_bf16": {"kv_format": "bf16", "rel_l2_bound": 0.01},
@@ -1104,9 +1505,11 @@ def active_route_table():
 
 
 def row_preconditions_hold(row, kv_len, uniform):
-    """A paged row needs uniform KV lengths that are a multiple of its page size."""
+    """The row's route exists here (the Hopper route only on sm_90), and a paged row needs
+    uniform KV lengths that are a multiple of its page size."""
     page_size = row["params"].get("page_size", 1)
-    return page_size == 1 or (uniform and kv_len % page_size == 0)
+    exists = ROUTE_INFO.get(row["route"], {}).get("portable", True) or row["route"] in ROUTES
+    return exists and (page_size == 1 or (uniform and kv_len % page_size == 0))
 
 
 def select_route(batch, kv_len, uniform=True, table=None):

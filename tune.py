@@ -28,8 +28,10 @@ what was measured, and --max-minutes stops cleanly between configurations.
 Route table written by --write (only the table of the machine: AITER_ROUTE_TABLE when aiter routes
 were tuned, TRITON_ROUTE_TABLE otherwise; the other literal and everything outside the markers stay
 byte-identical): one row per tuned shape, sorted by kv then batch so that first-match picks each
-shape's own row, then a catch-all row (max_batch None, max_kv_len None) with the fastest eligible
-always-valid configuration (page size 1) of the largest shape. The new text is compiled and
+shape's own row (when the winner's route is not portable, ROUTE_INFO "portable": False like the
+Hopper route, the shape's fastest portable configuration follows it: rows whose route is absent
+are skipped), then a catch-all row (max_batch None, max_kv_len None) with the fastest eligible
+always-valid portable configuration (page size 1) of the largest shape. The new text is compiled and
 imported as a module before it replaces the file (atomically).
 
 Exit codes: 0 done; 1 a shape has no eligible configuration (nothing written); 2 bad arguments;
@@ -81,6 +83,12 @@ SEARCH_SPACE = {
         "qk_fp8": [True, False],
         "q_scale": ["program", "tensor"],
     },
+    "hopper_fp8": {  # sm_90 only (absent elsewhere, so never tuned there)
+        "num_splits": [1, 2, 4, 8, 16, 32],
+        "num_warps": [4, 8],
+        "num_stages": [2, 3],
+        "v_buffers": [1, 2],
+    },
     "triton_mxfp4": {
         "num_splits": [1, 2, 4, 8, 16, 32],
         "block_n": [32, 64, 128],
@@ -98,6 +106,7 @@ QUICK_SEARCH_SPACE = {
                    "qk_fp8": [True, False]},
     "triton_mxfp4": {"num_splits": [1, 8], "block_n": [64], "num_warps": [8], "num_stages": [2],
                      "qk_dot_scaled": [False]},
+    "hopper_fp8": {"num_splits": [1, 8], "num_warps": [4], "num_stages": [2], "v_buffers": [1]},
 }
 
 MAX_MISMATCH = 0.01  # eligibility: worst mismatch ratio over the seeds (the runner allows 0.05)
@@ -248,6 +257,11 @@ def config_skip_reason(sub, route, params, batch, kv_len):
         # every split is shorter than one tile: the same work as fewer splits, plus empty programs
         return f"{splits} splits of kv {kv_len} are shorter than block_n {block_n}"
     return None
+
+
+def is_portable(sub, route):
+    """False for a route that exists only on some hardware (ROUTE_INFO[route]["portable"])."""
+    return getattr(sub, "ROUTE_INFO", {}).get(route, {}).get("portable", True)
 
 
 def always_valid(sub, route, params):
@@ -689,14 +703,25 @@ def build_table(sub, result):
         raise TuneError(f"no eligible configuration for {', '.join(missing)}")
     if not cases:
         raise TuneError("no shapes were tuned")
-    rows = [table_row(c["winner"]["route"], c["winner"]["params"], c["batch"], c["kv_len"])
-            for c in sorted(cases, key=lambda c: (c["kv_len"], c["batch"]))]
     rank_by = result.get("rank_by", "mean")
+
+    def ranked(case):
+        return sorted((r for r in case["records"] if r["eligible"] and r.get("timing")),
+                      key=lambda r: _rank_value(r, rank_by))
+
+    rows = []
+    for c in sorted(cases, key=lambda c: (c["kv_len"], c["batch"])):
+        rows.append(table_row(c["winner"]["route"], c["winner"]["params"], c["batch"], c["kv_len"]))
+        if not is_portable(sub, c["winner"]["route"]):
+            # the winner's route is absent off its hardware: the best portable one follows it
+            fallback = next((r for r in ranked(c) if is_portable(sub, r["route"])), None)
+            if fallback is None:
+                raise TuneError(f"bs={c['batch']} kv={c['kv_len']}: no eligible portable configuration "
+                                f"to follow {c['winner']['route']}")
+            rows.append(table_row(fallback["route"], fallback["params"], c["batch"], c["kv_len"]))
     for case in sorted(cases, key=lambda c: (c["batch"] * c["kv_len"], c["kv_len"]), reverse=True):
-        ranked = sorted((r for r in case["records"] if r["eligible"] and r.get("timing")),
-                        key=lambda r: _rank_value(r, rank_by))
-        for rec in ranked:
-            if always_valid(sub, rec["route"], rec["params"]):
+        for rec in ranked(case):
+            if always_valid(sub, rec["route"], rec["params"]) and is_portable(sub, rec["route"]):
                 rows.append(table_row(rec["route"], rec["params"]))
                 return rows
     raise TuneError("no eligible configuration valid for every KV length (page size 1) to serve "
@@ -806,10 +831,15 @@ def _check_routing(module, name, rows, shapes):
     select = getattr(module, "select_route", None)
     if not callable(select) or "table" not in inspect.signature(select).parameters:
         return
-    for row, (batch, kv_len) in zip(rows, shapes):
+    runs_here = getattr(module, "row_preconditions_hold", lambda row, kv_len, uniform: True)
+    for batch, kv_len in shapes:
+        # its own row: the first row written for the shape whose route exists here (a Hopper row is
+        # followed by a portable row for the same shape)
+        own = next((r for r in rows if (r["max_batch"], r["max_kv_len"]) == (batch, kv_len)
+                    and runs_here(r, kv_len, True)), None)
         got = select(batch, kv_len, True, table=table)
-        if got != row:
-            raise TuneError(f"bs={batch} kv={kv_len} selects {got}, not its own row {row}")
+        if got != own:
+            raise TuneError(f"bs={batch} kv={kv_len} selects {got}, not its own row {own}")
     for batch, kv_len in ((1, 1), (3, 1031), (10**6, 10**7)):
         select(batch, kv_len, False, table=table)  # raises without an always-valid catch-all
 

@@ -4,7 +4,8 @@ shapes, beside the plain-torch peer; write JSON and a PNG chart; print a short t
     python bench/device_bench.py [--spec specs/benchmarks.txt] [--out DIR] [--seeds 5] [--repeats 50]
 
 Per shape:
-- custom_kernel (the row its route table picks) and each Triton route at that row's split count,
+- custom_kernel (the row its route table picks) and each of our own routes available here (Triton;
+  the Gluon Hopper route on sm_90) at that row's split count, with its defaults otherwise,
   timed like the runner (synchronize, L2 flush, CUDA events around ONE call), median and mean;
 - accuracy of custom_kernel on K secret-like seeds: mismatch ratio against ref_kernel (the runner's
   check, rtol = atol = 0.1) and rel. L2 error against float64 attention over the bf16 cache, next to
@@ -111,8 +112,8 @@ def main():
         result = {"batch": batch, "kv_len": kv_len, "route": route_label, "floor_fp8_us": floor}
         result["submission"] = time_us(lambda: submission.custom_kernel(data), flush, args.repeats)
         result["submission"]["GBps"] = kv_bytes / result["submission"]["median_us"] / 1e3
-        for name in [r for r in submission.ROUTES if r.startswith("triton_")]:
-            params = {"num_splits": row["params"].get("num_splits", 1)} if row["route"].startswith("triton_") else {}
+        for name in [r for r in submission.ROUTES if not r.startswith("aiter")]:
+            params = {} if row["route"].startswith("aiter") else {"num_splits": row["params"].get("num_splits", 1)}
             submission.ROUTES[name](*data, **params)
             result[name] = time_us(lambda: submission.ROUTES[name](*data, **params), flush, args.repeats)
             result[name]["params"] = params

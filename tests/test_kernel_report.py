@@ -143,6 +143,16 @@ def test_fp8_route_uses_fp8_mma(report, target):
                      "f16/bf16 MMA or scalar FMA):\n" + "\n".join(bad))
 
 
+def test_hopper_kernel_compiles_for_sm90_only_with_both_products_in_fp8(report):
+    hopper = [r for r in report["records"] if r["kernel"] == "_mla_decode_fp8_hopper_kernel"]
+    if not hopper:
+        pytest.skip("this Triton has no Gluon: the Hopper route has no compile plan")
+    assert {r["target"] for r in hopper} == {"sm90"}
+    for r in hopper:
+        assert r["compiled"] and r["mma"]["loop"], kr.describe_record(r)
+        assert all(kr.is_fp8_mma(kind) for kind in r["mma"]["loop"]), kr.describe_record(r)
+
+
 def test_mxfp4_route_uses_scaled_mfma_on_gfx950(report):
     mx = [r for r in compiled(report, "gfx950") if r["kv_format"] == "mxfp4" or "mxfp4" in r["route"]]
     if not mx:

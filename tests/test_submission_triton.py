@@ -126,7 +126,7 @@ def test_every_triton_table_row_has_a_compile_plan_and_valid_params():
     import inspect
 
     for row in submission.TRITON_ROUTE_TABLE:
-        route = submission.ROUTES[row["route"]]
+        route = getattr(submission, row["route"] + "_route")  # hopper_fp8 is absent from ROUTES off sm_90
         accepted = inspect.signature(route).parameters
         assert set(row["params"]) <= set(accepted), row
         plans = submission.triton_compile_plan(row["route"], row["params"])

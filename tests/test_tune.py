@@ -235,6 +235,33 @@ def test_rows_sorted_by_kv_then_batch_and_catch_all_from_the_largest_shape():
     assert rows[-1] == tune.table_row("b", {"x": 2})
 
 
+def test_a_non_portable_winner_is_followed_by_the_fastest_portable_row_and_never_catches_all():
+    sub = fake_submission(hw=slow_right, a=slow_right, b=slow_right)
+    sub.ROUTE_INFO["hw"]["portable"] = False
+    cases = []
+    for batch, kv_len in ((4, 1024), (256, 8192)):
+        records = [_record("hw", {"s": 1}, 0.5), _record("b", {"x": 1}, 1.0), _record("a", {}, 2.0),
+                   _record("b", {"x": 0}, 0.1, False)]
+        cases.append({"batch": batch, "kv_len": kv_len, "records": records, "winner": records[0]})
+    rows = tune.build_table(sub, {"cases": cases})
+    assert rows == [tune.table_row("hw", {"s": 1}, 4, 1024), tune.table_row("b", {"x": 1}, 4, 1024),
+                    tune.table_row("hw", {"s": 1}, 256, 8192), tune.table_row("b", {"x": 1}, 256, 8192),
+                    tune.table_row("b", {"x": 1})]
+    only_hw = [{"batch": 4, "kv_len": 1024, "records": [_record("hw", {}, 0.5)], "winner": _record("hw", {}, 0.5)}]
+    with pytest.raises(tune.TuneError, match="portable"):
+        tune.build_table(sub, {"cases": only_hw})
+
+
+def test_rewrite_accepts_a_hopper_row_followed_by_its_portable_row(sub_copy):
+    """Off sm_90 the shape's own row is the portable one after the (absent) Hopper row."""
+    rows = [tune.table_row("hopper_fp8", {"num_splits": 8}, 4, 1024), tune.table_row("triton_fp8", {}, 4, 1024),
+            tune.table_row("triton_fp8", {})]
+    new = tune.write_table(str(sub_copy), "TRITON_ROUTE_TABLE", rows, [(4, 1024)])
+    assert tune.read_tables(new)["TRITON_ROUTE_TABLE"] == rows
+    swapped = [rows[1], rows[0], rows[2]]  # a portable row first is fine too: it is selected
+    tune.write_table(str(sub_copy), "TRITON_ROUTE_TABLE", swapped, [(4, 1024)])
+
+
 def _outside(text, name):
     start, end = tune._block_span(text)
     block = text[start:end]

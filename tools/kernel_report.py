@@ -17,8 +17,10 @@ What is compiled (read from the module, never pasted here)
     de-duplicated on (route, params). For each row and target the tool calls
     ``triton_compile_plan(route, params, fp8_dtype)`` (fp8_dtype "fp8e4nv" for gfx950 and sm90,
     "fp8e4b8" for gfx942), which returns ``[{kernel, signature, constexprs, aligned_args,
-    num_warps, num_stages[, options]}]``. Constexpr parameters the plan leaves out take the
-    kernel's defaults (as the runtime JIT does); ``aligned_args`` get ``tt.divisibility=16``.
+    num_warps, num_stages[, options][, targets]}]``. Constexpr parameters the plan leaves out take
+    the kernel's defaults (as the runtime JIT does); ``aligned_args`` get ``tt.divisibility=16``;
+    an entry with ``targets`` (e.g. ["sm90"] for a Gluon Hopper kernel) is compiled for those only.
+    Gluon kernels compile through Gluon's own AST source.
     Plan entries that compile to the same thing are compiled once and list every row selecting them.
 
 Isolation
@@ -647,6 +649,8 @@ def compile_and_analyse(kernel, signature, constexprs, attrs, options, spec):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if getattr(kernel, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: F811
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     t0 = time.time()
     compiled = triton.compile(src, target=GPUTarget(spec.backend, spec.arch, spec.warp_size),
@@ -747,6 +751,7 @@ def worker(target, module_path, dump_dir=None, tables_path=None):
         out["errors"].append(f"{module_path} defines no triton_compile_plan(route, params, fp8_dtype)")
         return out
     units = {}
+    other_targets = []  # kernels planned only for other targets: covered, not compiled here
     for row in rows:
         try:
             plan = plan_fn(row["route"], copy.deepcopy(row["params"]), spec.fp8_dtype)
@@ -756,6 +761,9 @@ def worker(target, module_path, dump_dir=None, tables_path=None):
         if not plan:
             out["rows_without_kernels"].append(config_label(row["route"], row["params"]))
         for entry in plan:
+            if entry.get("targets") is not None and target not in entry["targets"]:
+                other_targets.append(entry["kernel"])
+                continue
             try:
                 kernel, signature, constexprs, attrs, options = complete_plan_entry(entry)
             except Exception as exc:
@@ -802,8 +810,8 @@ def worker(target, module_path, dump_dir=None, tables_path=None):
     module_kernels = {name: obj for name, obj in vars(module).items()
                       if _is_jit_function(obj) and getattr(obj.fn, "__module__", None) == module.__name__}
     out["module_kernels"] = sorted(module_kernels)
-    reached = {k.fn.__name__ for k in planned}
-    for k in planned:
+    reached = {k.fn.__name__ for k in planned + other_targets}
+    for k in planned + other_targets:
         reached |= jit_functions_reached(k)
     out["uncovered_kernels"] = sorted(n for n, obj in module_kernels.items() if obj.fn.__name__ not in reached)
     out["inline_asm"] = scan_inline_asm(
