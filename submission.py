@@ -3,7 +3,8 @@
 """DeepSeek-R1 MLA decode (forward-absorb) for the amd-mixed-mla leaderboard.
 
 Reads top-down: constants -> route tables (data) -> input checks -> aiter routes (MI355X) ->
-portable Triton routes (everywhere else) -> route selection -> custom_kernel.
+portable Triton routes (everywhere else) -> the Hopper route (Gluon, sm_90 only) -> route
+selection -> custom_kernel.
 
 custom_kernel checks the input's shapes, picks one row of the active route table for the call's
 (batch, kv_len) and runs that row's route. Where aiter imports and its API is one this file knows,
@@ -37,9 +38,11 @@ KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 # ---------------------------------------------------------------------------------------------
 # Route tables: lists of rows {"max_batch", "max_kv_len", "route", "params"}. A row matches a call
 # when batch <= max_batch and kv_len <= max_kv_len (None: no bound), kv_len = total_kv // batch.
-# The first matching row whose preconditions hold wins; the one precondition today is
+# The first matching row whose preconditions hold wins; the preconditions today are
 #   params["page_size"] > 1  ->  the KV lengths are declared uniform (total_kv == batch *
-#   config["kv_seq_len"]) and kv_len is a multiple of page_size; otherwise the row is skipped.
+#   config["kv_seq_len"]) and kv_len is a multiple of page_size; otherwise the row is skipped;
+#   a route that is not portable (ROUTE_INFO, today "hopper_fp8": sm_90 only) must exist here,
+#   otherwise the row is skipped and the portable row after it for the same shapes is taken.
 # The last row of each table must match everything and always hold (the catch-all).
 #
 # AITER_ROUTE_TABLE is the seed's v86 table, proven on the MI355X runner:
@@ -965,7 +968,7 @@ _SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets
 
 
 def split_workspace(batch, num_splits, device):
-    """Float32 partials and lse for every (batch row, split), one ticket per batch row. Cached per
+    """Float32 partials and lse for every (batch row, split), two tickets per batch row. Cached per
     shape: allocated once, the tickets zeroed once (the kernel leaves them at 0 after each call).
     Two calls on different streams sharing a shape must not overlap (the runner never does)."""
     key = (batch, num_splits, device)
@@ -974,7 +977,7 @@ def split_workspace(batch, num_splits, device):
         workspace = _SPLIT_WORKSPACES[key] = (
             torch.empty(batch * num_splits, V_HEAD_DIM, NUM_HEADS, dtype=torch.float32, device=device),
             torch.empty(batch * num_splits, NUM_HEADS, dtype=torch.float32, device=device),
-            torch.zeros(batch, dtype=torch.int32, device=device),
+            torch.zeros(2 * batch, dtype=torch.int32, device=device),  # arrivals, departures (Hopper)
         )
     return workspace
 
@@ -1096,8 +1099,8 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
     limits an entry to the machines its route runs on. fp8_dtype: Triton's name of the KV dtype,
     fp8e4nv (float8_e4m3fn: MI355X, NVIDIA) or fp8e4b8 (float8_e4m3fnuz: MI300)."""
     plan = TRITON_COMPILE_PLANS.get(route)
-    entry = None if plan is None else plan(params, fp8_dtype)
-    return [] if entry is None else [entry]
+    entries = [] if plan is None else plan(params, fp8_dtype)
+    return entries if isinstance(entries, list) else [entries]
 # ==== END TRITON ROUTES ====
 
 
@@ -1176,13 +1179,14 @@ if HAVE_GLUON:
                  (acc * scale).to(base.dtype.element_ty))
 
     @gluon.jit
-    def _merge_chunk(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, c: gl.constexpr, lse_max, out_scale,
+    def _merge_chunk(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, lse_max, out_scale,
                      LAYOUT: gl.constexpr, NUM_SPLITS: gl.constexpr, CHUNK: gl.constexpr,
                      NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
-        """Latent dims [c*CHUNK, (c+1)*CHUNK) of the output: the splits' partials weighted by their lse."""
+        """Latent dims [dim_begin, dim_begin + CHUNK) of the output: the splits' partials weighted by
+        their lse."""
         dims = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, LAYOUT))
         heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT))
-        offsets = c * CHUNK + gl.expand_dims(dims, 1) + gl.expand_dims(heads, 0) * LATENT
+        offsets = dim_begin + gl.expand_dims(dims, 1) + gl.expand_dims(heads, 0) * LATENT
         merged = gl.zeros([CHUNK, NUM_HEADS], gl.float32, layout=LAYOUT)
         lse_max = gl.convert_layout(lse_max, gl.SliceLayout(0, LAYOUT))
         for s in range(NUM_SPLITS):
@@ -1190,14 +1194,25 @@ if HAVE_GLUON:
                              - lse_max)
             merged += gl.load(PARTIAL_O + (first_slot + s) * LATENT * NUM_HEADS + offsets,
                               cache_modifier=".cg") * gl.expand_dims(weight, 0)
-        _store_chunk(merged, out_row + c * CHUNK, 1, LATENT, out_scale, LAYOUT, CHUNK, NUM_HEADS)
+        _store_chunk(merged, out_row + dim_begin, 1, LATENT, out_scale, LAYOUT, CHUNK, NUM_HEADS)
+
+    @gluon.jit
+    def _merge_weights(PARTIAL_LSE, first_slot, kv_scale, LAYOUT: gl.constexpr, NUM_SPLITS: gl.constexpr,
+                       NUM_HEADS: gl.constexpr):
+        """(max lse over the row's splits, kv_scale / sum of exp2(lse - max)) per head."""
+        splits = gl.arange(0, triton.next_power_of_2(NUM_SPLITS), layout=gl.SliceLayout(1, LAYOUT))
+        heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT))
+        all_lse = gl.load(PARTIAL_LSE + (first_slot + gl.expand_dims(splits, 1)) * NUM_HEADS + gl.expand_dims(heads, 0),
+                          mask=gl.expand_dims(splits < NUM_SPLITS, 1), other=float("-inf"), cache_modifier=".cg")
+        lse_max = gl.max(all_lse, 0)
+        return lse_max, kv_scale / gl.sum(gl.exp2(all_lse - gl.expand_dims(lse_max, 0)), 0)
 
     @gluon.jit
     def _mla_decode_fp8_hopper_kernel(
         Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
         sm_scale_log2, stride_q_token, stride_o_token,
         FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, V_BUFFERS: gl.constexpr,
-        WARPS: gl.constexpr, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
+        WARPS: gl.constexpr, COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
         ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
     ):
         """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
@@ -1215,6 +1230,9 @@ if HAVE_GLUON:
         transpose with the previous chunk's MMA), acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T.
         Shared memory: STAGES x 36 KiB + V_BUFFERS x 8 KiB + 9 KiB of q: STAGES 2 with 1 buffer
         fits two programs per SM.
+        NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split; the last split of the row
+        merges them, or with COOPERATIVE_MERGE (only when the whole grid is resident at once) every
+        split waits for the row's last and merges 512 / NUM_SPLITS of the dims.
         Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0;
         past the cache TMA reads zeros); q; out; per split a 32 KiB float32 partial."""
         NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
@@ -1359,19 +1377,32 @@ if HAVE_GLUON:
             _store_chunk(out3, partial + 3 * CHUNK, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
             gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, S_MMA)), lse)
             gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-            if gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
-                SPLITS_POW2: gl.constexpr = triton.next_power_of_2(NUM_SPLITS)
-                splits = gl.arange(0, SPLITS_POW2, layout=gl.SliceLayout(1, ROWS))
-                lse_heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, ROWS))
-                first_slot = batch * NUM_SPLITS
-                all_lse = gl.load(PARTIAL_LSE + (first_slot + gl.expand_dims(splits, 1)) * NUM_HEADS
-                                  + gl.expand_dims(lse_heads, 0), mask=gl.expand_dims(splits < NUM_SPLITS, 1),
-                                  other=float("-inf"), cache_modifier=".cg")
-                lse_max = gl.max(all_lse, 0)
-                out_scale = kv_scale / gl.sum(gl.exp2(all_lse - gl.expand_dims(lse_max, 0)), 0)
+            arrived = gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") + 1
+            if COOPERATIVE_MERGE:
+                # Every split of the row is resident (the host checked the grid fits the GPU), so all
+                # wait for the last and then each merges 1/NUM_SPLITS of the dims: the merge's reads
+                # spread over NUM_SPLITS SMs instead of one (one SM reading 32 partials of 32 KiB
+                # took 13 us at bs=4/kv=8192). A second ticket counts the departures; the last
+                # program out resets both for the next call.
+                while arrived < NUM_SPLITS:
+                    arrived = gl.atomic_add(SPLIT_TICKETS + batch, 0, sem="acquire")
+                SLICE: gl.constexpr = LATENT // NUM_SPLITS
+                lse_max, out_scale = _merge_weights(PARTIAL_LSE, batch * NUM_SPLITS, kv_scale, ROWS,
+                                                    NUM_SPLITS, NUM_HEADS)
+                _merge_chunk(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, split * SLICE, lse_max,
+                             out_scale, gl.BlockedLayout([4, 1], [4, 8], [1, WARPS], [0, 1]), NUM_SPLITS, SLICE,
+                             NUM_HEADS, LATENT)
+                gl.thread_barrier()
+                departures = SPLIT_TICKETS + gl.num_programs(0) + batch
+                if gl.atomic_add(departures, 1, sem="acq_rel") == NUM_SPLITS - 1:
+                    gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
+                    gl.atomic_xchg(departures, 0)
+            elif arrived == NUM_SPLITS:  # the last split of the row merges it all
+                lse_max, out_scale = _merge_weights(PARTIAL_LSE, batch * NUM_SPLITS, kv_scale, ROWS,
+                                                    NUM_SPLITS, NUM_HEADS)
                 for c in gl.static_range(NUM_CHUNKS):
-                    _merge_chunk(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, c, lse_max, out_scale, DIMS,
-                                 NUM_SPLITS, CHUNK, NUM_HEADS, LATENT)
+                    _merge_chunk(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, c * CHUNK, lse_max,
+                                 out_scale, DIMS, NUM_SPLITS, CHUNK, NUM_HEADS, LATENT)
                 gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
 
     @gluon.jit
@@ -1421,10 +1452,24 @@ def kv_descriptors(kv_fp8):
     return descriptors
 
 
+_SM_COUNTS = {}  # device -> streaming multiprocessors
+
+
+def cooperative_merge_fits(batch, num_splits, device):
+    """Whether the splits of a row may merge together (each waits for all of its row's splits): only
+    when every program of the grid can be resident at once (one per SM, whatever else runs), with a
+    power-of-two split count of 2-32 (each merges 512 / num_splits dims)."""
+    if device not in _SM_COUNTS:
+        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return num_splits in (2, 4, 8, 16, 32) and batch * num_splits <= _SM_COUNTS[device]
+
+
 def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num_warps=4, num_stages=2,
-                     v_buffers=1):
+                     v_buffers=1, cooperative_merge=True):
     """Split-KV decode over kv_data["fp8"] on Hopper in one launch (see _mla_decode_fp8_hopper_kernel).
-    num_stages: TMA ring slots (2-4); v_buffers: transposed-V tiles (1 or 2); num_warps 4 or 8."""
+    num_stages: TMA ring slots (2-4); v_buffers: transposed-V tiles (1 or 2); num_warps 4 or 8.
+    cooperative_merge: the splits of a row merge together when the grid fits the GPU at once
+    (cooperative_merge_fits); otherwise, or when False, the last split of the row merges it."""
     kv_fp8, kv_scale = kv_data["fp8"]
     if kv_fp8.dtype != torch.float8_e4m3fn:
         raise ValueError(f'kv_data["fp8"] must be float8_e4m3fn for the Hopper route, got {kv_fp8.dtype}')
@@ -1436,15 +1481,17 @@ def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num
            (q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
            (config["sm_scale"] * LOG2E, q.stride(0), out.stride(0)),
            {"FP8_MAX": torch.finfo(kv_fp8.dtype).max, "NUM_SPLITS": num_splits, "STAGES": num_stages,
-            "V_BUFFERS": v_buffers, "WARPS": num_warps},
+            "V_BUFFERS": v_buffers, "WARPS": num_warps,
+            "COOPERATIVE_MERGE": cooperative_merge and cooperative_merge_fits(batch, num_splits, q.device)},
            num_warps, 1)
     return out
 
 
 def hopper_fp8_compile_plan(params, fp8_dtype):
-    """sm_90 only ("targets"); no plan without Gluon."""
+    """sm_90 only ("targets"); no plan without Gluon. A row whose split count allows the cooperative
+    merge compiles both merges (which one runs depends on the batch: cooperative_merge_fits)."""
     if not HAVE_GLUON:
-        return None
+        return []
     p = dict(keyword_defaults(hopper_fp8_route), **params)
     latent_layout, rope_layout = hopper_layouts()
     signature = {
@@ -1453,14 +1500,15 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
         "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "OUT": "*bf16", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32",
         "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",
     }
-    return {
+    merges = [False, True] if p["cooperative_merge"] and p["num_splits"] in (2, 4, 8, 16, 32) else [False]
+    return [{
         "kernel": _mla_decode_fp8_hopper_kernel, "targets": ["sm90"], "signature": signature,
-        "constexprs": {"FP8_MAX": 448.0, "NUM_SPLITS": p["num_splits"], "STAGES": p["num_stages"],
-                       "V_BUFFERS": p["v_buffers"], "WARPS": p["num_warps"],
-                       **keyword_defaults(_mla_decode_fp8_hopper_kernel)},
+        "constexprs": {**keyword_defaults(_mla_decode_fp8_hopper_kernel),
+                       "FP8_MAX": 448.0, "NUM_SPLITS": p["num_splits"], "STAGES": p["num_stages"],
+                       "V_BUFFERS": p["v_buffers"], "WARPS": p["num_warps"], "COOPERATIVE_MERGE": cooperative},
         "aligned_args": [name for name, kind in signature.items() if kind[0] == "*" or name.startswith("stride")],
         "num_warps": p["num_warps"], "num_stages": 1,
-    }
+    } for cooperative in merges]
 # ==== END HOPPER ROUTE ====
 
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,

@@ -88,6 +88,7 @@ SEARCH_SPACE = {
         "num_warps": [4, 8],
         "num_stages": [2, 3],
         "v_buffers": [1, 2],
+        "cooperative_merge": [True, False],
     },
     "triton_mxfp4": {
         "num_splits": [1, 2, 4, 8, 16, 32],

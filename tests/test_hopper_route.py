@@ -75,7 +75,21 @@ def test_launch_key_tells_descriptors_apart():
 
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="this Triton has no Gluon: no Hopper plan")
-def test_compile_plan_is_for_sm90_only():
-    [plan] = submission.triton_compile_plan("hopper_fp8", {"num_splits": 4})
-    assert plan["targets"] == ["sm90"] and plan["kernel"] is submission._mla_decode_fp8_hopper_kernel
-    assert plan["constexprs"]["NUM_SPLITS"] == 4 and plan["num_warps"] == 4
+def test_compile_plans_are_for_sm90_only_and_cover_both_merges():
+    plans = submission.triton_compile_plan("hopper_fp8", {"num_splits": 4})
+    assert [p["constexprs"]["COOPERATIVE_MERGE"] for p in plans] == [False, True]
+    for plan in plans:
+        assert plan["targets"] == ["sm90"] and plan["kernel"] is submission._mla_decode_fp8_hopper_kernel
+        assert plan["constexprs"]["NUM_SPLITS"] == 4 and plan["num_warps"] == 4
+    for params in ({"num_splits": 3}, {"num_splits": 1}, {"num_splits": 64},
+                   {"num_splits": 4, "cooperative_merge": False}):
+        [plan] = submission.triton_compile_plan("hopper_fp8", params)
+        assert plan["constexprs"]["COOPERATIVE_MERGE"] is False
+
+
+def test_cooperative_merge_only_when_every_program_fits_at_once(monkeypatch):
+    monkeypatch.setitem(submission._SM_COUNTS, "gpu", 132)
+    fits = submission.cooperative_merge_fits
+    assert fits(4, 32, "gpu") and fits(32, 4, "gpu") and fits(66, 2, "gpu")
+    assert not fits(64, 4, "gpu")  # 256 programs > 132 SMs: some could wait for a spinning one
+    assert not fits(4, 1, "gpu") and not fits(4, 3, "gpu") and not fits(1, 64, "gpu")
