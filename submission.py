@@ -1434,17 +1434,25 @@ def hopper_layouts():
             gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], gl.float8e4nv))
 
 
-_KV_DESCRIPTORS = {}  # (data_ptr, rows, device) -> the two TMA descriptors of that fp8 cache
+# (data_ptr, rows, row stride, device) -> the two TMA descriptors of that fp8 cache. A descriptor
+# holds its cache tensor alive, so at most two are kept (and a new tensor never reuses a cached
+# address while its entry lives).
+_KV_DESCRIPTORS = {}
+
+
+def tma_can_read(kv_fp8):
+    """TMA needs unit stride along the 576 dims and 16-byte aligned rows and base."""
+    return (kv_fp8.stride(-1) == 1 and kv_fp8.stride(0) % 16 == 0 and kv_fp8.data_ptr() % 16 == 0)
 
 
 def kv_descriptors(kv_fp8):
-    """TMA descriptors over the (rows, 576) fp8 cache, cached per cache tensor (the last few)."""
-    key = (kv_fp8.data_ptr(), kv_fp8.shape[0], kv_fp8.device)
+    """TMA descriptors over the (rows, 576) fp8 cache, cached per cache tensor (the last two)."""
+    key = (kv_fp8.data_ptr(), kv_fp8.shape[0], kv_fp8.stride(0), kv_fp8.device)
     descriptors = _KV_DESCRIPTORS.get(key)
     if descriptors is None:
-        if len(_KV_DESCRIPTORS) >= 8:
+        if len(_KV_DESCRIPTORS) >= 2:
             _KV_DESCRIPTORS.clear()
-        rows = kv_fp8.view(kv_fp8.shape[0], QK_HEAD_DIM)
+        rows = kv_fp8[:, 0, :]
         latent_layout, rope_layout = hopper_layouts()
         descriptors = _KV_DESCRIPTORS[key] = (
             TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK], latent_layout),
@@ -1473,6 +1481,8 @@ def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num
     kv_fp8, kv_scale = kv_data["fp8"]
     if kv_fp8.dtype != torch.float8_e4m3fn:
         raise ValueError(f'kv_data["fp8"] must be float8_e4m3fn for the Hopper route, got {kv_fp8.dtype}')
+    if not tma_can_read(kv_fp8):  # a strided view the runner never makes: the portable kernel reads it
+        return triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
     batch = kv_indptr.shape[0] - 1
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)

@@ -93,3 +93,18 @@ def test_cooperative_merge_only_when_every_program_fits_at_once(monkeypatch):
     assert fits(4, 32, "gpu") and fits(32, 4, "gpu") and fits(66, 2, "gpu")
     assert not fits(64, 4, "gpu")  # 256 programs > 132 SMs: some could wait for a spinning one
     assert not fits(4, 1, "gpu") and not fits(4, 3, "gpu") and not fits(1, 64, "gpu")
+
+
+def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch):
+    data = reference.generate_input(2, 1, 70, 3, device="cpu")
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    kv, scale = kv_data["fp8"]
+    assert submission.tma_can_read(kv)
+    wide = torch.zeros(kv.shape[0], 1, 592, dtype=torch.uint8).view(kv.dtype)[:, :, 8:584]  # misaligned
+    wide.copy_(kv)
+    assert not submission.tma_can_read(wide)
+    calls = []
+    monkeypatch.setattr(submission, "triton_fp8_route", lambda *a, **k: calls.append(k) or "portable")
+    out = submission.hopper_fp8_route(q, dict(kv_data, fp8=(wide, scale)), qo_indptr, kv_indptr, config,
+                                      num_splits=4)
+    assert out == "portable" and calls == [{"num_splits": 4}]
