@@ -929,7 +929,7 @@ def _specialisation(arg):
     descriptor (Hopper route) its block, layout and its base's, and row-count alignment."""
     base = getattr(arg, "base", None)
     if base is not None:
-        return (type(arg), base.dtype, base.data_ptr() % 16 == 0, tuple(arg.block_shape), repr(arg.layout),
+        return (type(arg), base.dtype, base.data_ptr() % 16 == 0, tuple(arg.block_shape), arg.layout,
                 tuple(arg.strides), arg.shape[0] % 16 == 0)
     return (arg.dtype, arg.data_ptr() % 16 == 0)
 
@@ -1240,11 +1240,7 @@ if HAVE_GLUON:
         batch = gl.program_id(0)
         split = gl.program_id(1)
         q_row = gl.load(QO_INDPTR + batch)
-        row_begin = gl.load(KV_INDPTR + batch)
-        row_end = gl.load(KV_INDPTR + batch + 1)
-        split_len = gl.cdiv(gl.cdiv(row_end - row_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        kv_begin = row_begin + split * split_len
-        kv_end = gl.minimum(kv_begin + split_len, row_end)
+        kv_begin, kv_end = _split_range(KV_INDPTR, batch, split, NUM_SPLITS, BLOCK_N)
         num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
 
         S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
@@ -1358,23 +1354,22 @@ if HAVE_GLUON:
         out2 = _hi_plus_lo(acc2, DIMS)
         out3 = _hi_plus_lo(acc3, DIMS)
         out_row = OUT + q_row * stride_o_token
-        if NUM_SPLITS == 1:
-            out_scale = kv_scale / running_sum
-            _store_chunk(out0, out_row, 1, LATENT, out_scale, DIMS, CHUNK, NUM_HEADS)
-            _store_chunk(out1, out_row + CHUNK, 1, LATENT, out_scale, DIMS, CHUNK, NUM_HEADS)
-            _store_chunk(out2, out_row + 2 * CHUNK, 1, LATENT, out_scale, DIMS, CHUNK, NUM_HEADS)
-            _store_chunk(out3, out_row + 3 * CHUNK, 1, LATENT, out_scale, DIMS, CHUNK, NUM_HEADS)
-        else:
+        if NUM_SPLITS == 1:  # the output row (bf16)
+            dest = out_row
+            head_scale = kv_scale / running_sum
+        else:  # this split's float32 partial, (heads x dims) like the output
             # An empty split (row shorter than the split grid) has sum 0: partial 0, lse -inf (weight 0).
             has_tokens = running_sum > 0
             safe_sum = gl.where(has_tokens, running_sum, 1.0)
             lse = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf"))
             slot_id = batch * NUM_SPLITS + split
-            partial = PARTIAL_O + slot_id * LATENT * NUM_HEADS  # (heads x dims) here, like the output
-            _store_chunk(out0, partial, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
-            _store_chunk(out1, partial + CHUNK, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
-            _store_chunk(out2, partial + 2 * CHUNK, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
-            _store_chunk(out3, partial + 3 * CHUNK, 1, LATENT, 1.0 / safe_sum, DIMS, CHUNK, NUM_HEADS)
+            dest = PARTIAL_O + slot_id * LATENT * NUM_HEADS
+            head_scale = 1.0 / safe_sum
+        _store_chunk(out0, dest, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)
+        _store_chunk(out1, dest + CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)
+        _store_chunk(out2, dest + 2 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)
+        _store_chunk(out3, dest + 3 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)
+        if NUM_SPLITS > 1:
             gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, S_MMA)), lse)
             gl.thread_barrier()  # every thread's partial stores precede the ticket's release
             arrived = gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") + 1

@@ -9,7 +9,6 @@ skipped), plus --extra '[{"bs": 4, "kv": 8192, "params": {...}}, ...]'. Each out
 against the reference first (--no-check: ablations that skip work on purpose).
 """
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -17,17 +16,11 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import eval as runner  # noqa: E402  (the project's one submission loader)
 import reference  # noqa: E402
 import utils  # noqa: E402
 
 SHAPES = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main():
@@ -39,7 +32,7 @@ def main():
     parser.add_argument("--no-check", action="store_true",
                         help="skip the accuracy assert (ablations that drop work on purpose)")
     args = parser.parse_args()
-    modules = [load(path, f"ab_{i}") for i, path in enumerate(args.modules)]
+    modules = [runner.load_submission(path, f"ab_{i}") for i, path in enumerate(args.modules)]
     flush = utils.L2Flusher("default")
     columns = {}  # module index -> best median per shape
     for batch, kv in SHAPES:
