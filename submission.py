@@ -81,35 +81,35 @@ AITER_ROUTE_TABLE = [
 ]
 TRITON_ROUTE_TABLE = [
     {"max_batch": 4, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 16, "num_warps": 8, "num_stages": 2, "v_buffers": 1, "cooperative_merge": True}},
+     "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "v_buffers": 1, "cooperative_merge": False}},
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": False}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "v_buffers": 1, "cooperative_merge": True}},
+     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2, "cooperative_merge": False}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "v_buffers": 1, "cooperative_merge": True}},
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2, "v_buffers": 1, "cooperative_merge": True}},
+     "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "v_buffers": 1, "cooperative_merge": True}},
+     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "v_buffers": 1, "cooperative_merge": False}},
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": False}},
     {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "v_buffers": 1, "cooperative_merge": False}},
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": False}},
     {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
@@ -1133,34 +1133,66 @@ HOPPER = _is_hopper()
 HOPPER_CHUNK = 128  # latent dims per TMA box, V transpose and P.V product (4 per token)
 
 if HAVE_GLUON:
+    # P.V = V^T . P^T needs V^T, and V is stored token-major; fp8 wgmma takes an MN-major operand
+    # from shared memory only for 16-bit types. So V^T is the A operand IN REGISTERS: the MMA's
+    # register fragment (DotOperandLayout(0, O_MMA, 4) on 128 rows x 64 k) holds per thread 4
+    # consecutive k of a row per 32-bit register. Rows are relabelled latent dims and k relabelled
+    # tokens (the sum over tokens does not care about their order, P^T gets the same one; the
+    # output rows are relabelled back before the store), chosen so that the row bits a thread
+    # holds in registers are the lowest dims (one 32-bit load per token, 16-bit at 8 warps) and
+    # the k bits the lanes hold are token bits 1-2 (rows of distinct 128-byte swizzle phase: no
+    # bank conflicts). The loaded bytes are then repacked (4 dims of a token -> 4 tokens of a dim)
+    # in registers; nothing goes back to shared memory.
+    # _DIM_BIT[warps][i]: the latent-dim bit that row bit i is; _TOKEN_BIT[i]: the token bit k bit i is.
+    _DIM_BIT = {4: (2, 3, 4, 0, 5, 6, 1), 8: (1, 2, 3, 0, 4, 5, 6)}
+    _TOKEN_BIT = (0, 3, 1, 2, 4, 5)
+
     @triton.constexpr_function
-    def _v_transpose_layout(warps):
-        """Register layout of one (64 tokens x 128 dims) fp8 V chunk read from its TMA tile: each
-        thread holds 4 contiguous dims (one 32-bit read) of tokens t, t+8, t+16, t+24 (and +32);
-        the 8 lanes of a row group read t % 8 = 0..7, 8 different 16-byte columns of the
-        128-byte-swizzled tile: no bank conflicts."""
-        regs = [[0, 1], [0, 2], [8, 0], [16, 0], [32, 0]] + ([[0, 64]] if warps == 4 else [])
-        warp_bases = [[0, 16], [0, 32]] + ([[0, 64]] if warps == 8 else [])
-        return gl.DistributedLinearLayout(regs, [[1, 0], [2, 0], [4, 0], [0, 4], [0, 8]], warp_bases, [],
-                                          [64, HOPPER_CHUNK])
+    def _v_operand_load_layout(warps):
+        """(64 tokens x 128 dims) layout of a V chunk read from its TMA tile such that relabelling
+        (tokens, dims) -> (k, rows) gives the MMA's A fragment (see _DIM_BIT)."""
+        dim_bit, token_bit = _DIM_BIT[warps], _TOKEN_BIT
+        row = lambda i: [0, 1 << dim_bit[i]]  # noqa: E731  (a row bit as a (token, dim) basis)
+        k = lambda i: [1 << token_bit[i], 0]  # noqa: E731
+        row_regs = [3, 6] if warps == 4 else [3]
+        regs = [row(i) for i in sorted(row_regs, key=lambda i: dim_bit[i])] + [k(0), k(1), k(4), k(5)]
+        lanes = [k(2), k(3), row(0), row(1), row(2)]
+        warp_bases = [row(4), row(5)] + ([row(6)] if warps == 8 else [])
+        return gl.DistributedLinearLayout(regs, lanes, warp_bases, [], [64, HOPPER_CHUNK])
+
+    @triton.constexpr_function
+    def _v_operand_order(warps):
+        """gl.permute order taking (64 tokens x 128 dims) split into 13 bits (token bit j at
+        axis 5 - j, dim bit j at 12 - j) to (rows x k), most significant bit first."""
+        rows = [12 - _DIM_BIT[warps][i] for i in range(6, -1, -1)]
+        return tuple(rows + [5 - _TOKEN_BIT[i] for i in range(5, -1, -1)])
+
+    @triton.constexpr_function
+    def _pv_token_order():
+        """gl.permute order taking (64 tokens x N) split into 6 token bits + N to (k x N)."""
+        return tuple([5 - _TOKEN_BIT[i] for i in range(5, -1, -1)] + [6])
+
+    @triton.constexpr_function
+    def _rows_to_dims_order(warps):
+        """gl.permute order taking (128 rows x N) split into 7 row bits + N to (dims x N)."""
+        rows_of_dim = {d: i for i, d in enumerate(_DIM_BIT[warps])}
+        return tuple([6 - rows_of_dim[j] for j in range(6, -1, -1)] + [7])
 
     @gluon.jit
-    def _tokens_in_pv_order(x, N: gl.constexpr):
-        """(64 tokens x N) with token 8u + v moved to row 8v + u: P.V sums over tokens in this order,
-        in which each thread's 4 tokens of _v_transpose_layout are contiguous (one 32-bit store).
-        P^T gets the same order, so the sum is unchanged."""
-        return gl.reshape(gl.permute(gl.reshape(x, [8, 8, N]), (1, 0, 2)), [64, N])
-
-    @gluon.jit
-    def _pv_chunk(kv_chunk, vt_buffer, pt_smem, acc, correction2, V_LAYOUT: gl.constexpr,
-                  O_MMA: gl.constexpr, CHUNK: gl.constexpr):
-        """acc * correction + V_chunk^T . P^T, issued asynchronously (the caller waits)."""
-        # relabel + transpose only rename registers; the store packs 4 tokens' bytes per dim
-        vt_buffer.store(gl.permute(_tokens_in_pv_order(kv_chunk.load(V_LAYOUT), CHUNK), (1, 0)))
-        fence_async_shared()
-        gl.thread_barrier()
+    def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: gl.constexpr,
+                            CHUNK: gl.constexpr):
+        """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously."""
+        bits = gl.reshape(kv_chunk.load(_v_operand_load_layout(WARPS)), [2] * 13)
+        v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS).value), [CHUNK, 64])
+        v_t = gl.convert_layout(v_t, gl.DotOperandLayout(0, O_MMA, 4))
         acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
-        return warpgroup_mma(vt_buffer, pt_smem.permute((1, 0)), acc, is_async=True)
+        return warpgroup_mma(v_t, pt_smem.permute((1, 0)), acc, is_async=True)
+
+    @gluon.jit
+    def _rows_to_dims(acc, WARPS: gl.constexpr):
+        """Undo _pv_chunk's relabelling of the output rows."""
+        N: gl.constexpr = acc.shape[1]
+        return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS).value), [128, N])
 
     @gluon.jit
     def _hi_plus_lo(acc, LAYOUT: gl.constexpr):
@@ -1211,8 +1243,8 @@ if HAVE_GLUON:
     def _mla_decode_fp8_hopper_kernel(
         Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
         sm_scale_log2, stride_q_token, stride_o_token,
-        FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, V_BUFFERS: gl.constexpr,
-        WARPS: gl.constexpr, COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
+        FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+        COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
         ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
     ):
         """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
@@ -1226,10 +1258,10 @@ if HAVE_GLUON:
         program, per-program amax scale, kept in shared memory);  online softmax in float32, base 2;
         P^T in fp8 as hi + lo/16 of 256 P (256 keeps small probabilities normal; hi + lo keeps
         about 7 bits, bf16-like) -> one (32 x 64) K-major fp8 tile;  for each 128-dim chunk of V:
-        transpose in registers into a K-major fp8 tile (V_BUFFERS of them: 2 overlap a chunk's
-        transpose with the previous chunk's MMA), acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T.
-        Shared memory: STAGES x 36 KiB + V_BUFFERS x 8 KiB + 9 KiB of q: STAGES 2 with 1 buffer
-        fits two programs per SM.
+        read from the ring slot straight into the MMA's register fragment of V_c^T (bytes repacked
+        in registers, see _pv_chunk), acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T, two chunks in
+        flight. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB of P: STAGES 2 fits two
+        programs per SM (226 registers per thread at 4 warps, no spills).
         NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split; the last split of the row
         merges them, or with COOPERATIVE_MERGE (only when the whole grid is resident at once) every
         split waits for the row's last and merges 512 / NUM_SPLITS of the dims.
@@ -1249,7 +1281,6 @@ if HAVE_GLUON:
                                                          instr_shape=[16, 2 * NUM_HEADS, 32])
         ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
         DIMS: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, WARPS], [0, 1])  # (dims x heads): out
-        V_LAYOUT: gl.constexpr = _v_transpose_layout(WARPS)
 
         kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
                                               lat_desc.layout)
@@ -1261,8 +1292,6 @@ if HAVE_GLUON:
                                              gl.NVMMASharedLayout.get_default_for([NUM_HEADS, CHUNK], gl.float8e4nv))
         q_rope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_HEADS, ROPE],
                                            gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], gl.float8e4nv))
-        vt_smem = gl.allocate_shared_memory(gl.float8e4nv, [V_BUFFERS, CHUNK, BLOCK_N],
-                                            gl.NVMMASharedLayout.get_default_for([CHUNK, BLOCK_N], gl.float8e4nv))
         pt_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * NUM_HEADS, BLOCK_N],
                                             gl.NVMMASharedLayout.get_default_for([2 * NUM_HEADS, BLOCK_N], gl.float8e4nv))
 
@@ -1322,37 +1351,27 @@ if HAVE_GLUON:
             p_hi = p_scaled.to(gl.float8e4nv)
             p_lo = ((p_scaled - p_hi.to(gl.float32)) * 16.0).to(gl.float8e4nv)
             p_both = gl.reshape(gl.join(p_hi, p_lo), [BLOCK_N, 2 * NUM_HEADS])  # column 2h + (0 hi, 1 lo)
-            pt_smem.store(gl.permute(_tokens_in_pv_order(p_both, 2 * NUM_HEADS), (1, 0)))
             correction2 = gl.reshape(gl.join(correction, correction), [2 * NUM_HEADS])
-            if V_BUFFERS == 2:
-                acc0 = _pv_chunk(kv_latent.index(first), vt_smem.index(0), pt_smem, acc0, correction2, V_LAYOUT, O_MMA, CHUNK)
-                acc1 = _pv_chunk(kv_latent.index(first + 1), vt_smem.index(1), pt_smem, acc1, correction2, V_LAYOUT, O_MMA, CHUNK)
-                acc0 = warpgroup_mma_wait(1, deps=(acc0,))
-                gl.thread_barrier()
-                acc2 = _pv_chunk(kv_latent.index(first + 2), vt_smem.index(0), pt_smem, acc2, correction2, V_LAYOUT, O_MMA, CHUNK)
-                acc1 = warpgroup_mma_wait(1, deps=(acc1,))
-                gl.thread_barrier()
-                acc3 = _pv_chunk(kv_latent.index(first + 3), vt_smem.index(1), pt_smem, acc3, correction2, V_LAYOUT, O_MMA, CHUNK)
-                acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))
-            else:
-                acc0 = warpgroup_mma_wait(0, deps=(_pv_chunk(kv_latent.index(first), vt_smem.index(0), pt_smem, acc0,
-                                                             correction2, V_LAYOUT, O_MMA, CHUNK),))
-                gl.thread_barrier()
-                acc1 = warpgroup_mma_wait(0, deps=(_pv_chunk(kv_latent.index(first + 1), vt_smem.index(0), pt_smem, acc1,
-                                                             correction2, V_LAYOUT, O_MMA, CHUNK),))
-                gl.thread_barrier()
-                acc2 = warpgroup_mma_wait(0, deps=(_pv_chunk(kv_latent.index(first + 2), vt_smem.index(0), pt_smem, acc2,
-                                                             correction2, V_LAYOUT, O_MMA, CHUNK),))
-                gl.thread_barrier()
-                acc3 = warpgroup_mma_wait(0, deps=(_pv_chunk(kv_latent.index(first + 3), vt_smem.index(0), pt_smem, acc3,
-                                                             correction2, V_LAYOUT, O_MMA, CHUNK),))
+            p_bits = gl.reshape(p_both, [2] * 6 + [2 * NUM_HEADS])
+            pt_smem.store(gl.permute(gl.reshape(gl.permute(p_bits, _pv_token_order().value), [BLOCK_N, 2 * NUM_HEADS]),
+                                     (1, 0)))
+            fence_async_shared()
+            gl.thread_barrier()
+            # two products in flight: chunk c's MMA runs while chunk c + 1 is read and repacked
+            acc0 = _pv_chunk(kv_latent.index(first), pt_smem, acc0, correction2, WARPS, O_MMA, CHUNK)
+            acc1 = _pv_chunk(kv_latent.index(first + 1), pt_smem, acc1, correction2, WARPS, O_MMA, CHUNK)
+            acc0 = warpgroup_mma_wait(1, deps=(acc0,))
+            acc2 = _pv_chunk(kv_latent.index(first + 2), pt_smem, acc2, correction2, WARPS, O_MMA, CHUNK)
+            acc1 = warpgroup_mma_wait(1, deps=(acc1,))
+            acc3 = _pv_chunk(kv_latent.index(first + 3), pt_smem, acc3, correction2, WARPS, O_MMA, CHUNK)
+            acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))
         for ring_slot in gl.static_range(STAGES):
             mbarrier.invalidate(loaded.index(ring_slot))
 
-        out0 = _hi_plus_lo(acc0, DIMS)
-        out1 = _hi_plus_lo(acc1, DIMS)
-        out2 = _hi_plus_lo(acc2, DIMS)
-        out3 = _hi_plus_lo(acc3, DIMS)
+        out0 = _hi_plus_lo(_rows_to_dims(acc0, WARPS), DIMS)
+        out1 = _hi_plus_lo(_rows_to_dims(acc1, WARPS), DIMS)
+        out2 = _hi_plus_lo(_rows_to_dims(acc2, WARPS), DIMS)
+        out3 = _hi_plus_lo(_rows_to_dims(acc3, WARPS), DIMS)
         out_row = OUT + q_row * stride_o_token
         if NUM_SPLITS == 1:  # the output row (bf16)
             dest = out_row
@@ -1468,9 +1487,9 @@ def cooperative_merge_fits(batch, num_splits, device):
 
 
 def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num_warps=4, num_stages=2,
-                     v_buffers=1, cooperative_merge=True):
+                     cooperative_merge=True):
     """Split-KV decode over kv_data["fp8"] on Hopper in one launch (see _mla_decode_fp8_hopper_kernel).
-    num_stages: TMA ring slots (2-4); v_buffers: transposed-V tiles (1 or 2); num_warps 4 or 8.
+    num_stages: TMA ring slots (2-4); num_warps 4 or 8.
     cooperative_merge: the splits of a row merge together when the grid fits the GPU at once
     (cooperative_merge_fits); otherwise, or when False, the last split of the row merges it."""
     kv_fp8, kv_scale = kv_data["fp8"]
@@ -1485,8 +1504,7 @@ def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num
     launch(_mla_decode_fp8_hopper_kernel, (batch, num_splits),
            (q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
            (config["sm_scale"] * LOG2E, q.stride(0), out.stride(0)),
-           {"FP8_MAX": torch.finfo(kv_fp8.dtype).max, "NUM_SPLITS": num_splits, "STAGES": num_stages,
-            "V_BUFFERS": v_buffers, "WARPS": num_warps,
+           {"FP8_MAX": torch.finfo(kv_fp8.dtype).max, "NUM_SPLITS": num_splits, "STAGES": num_stages, "WARPS": num_warps,
             "COOPERATIVE_MERGE": cooperative_merge and cooperative_merge_fits(batch, num_splits, q.device)},
            num_warps, 1)
     return out
@@ -1510,7 +1528,7 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
         "kernel": _mla_decode_fp8_hopper_kernel, "targets": ["sm90"], "signature": signature,
         "constexprs": {**keyword_defaults(_mla_decode_fp8_hopper_kernel),
                        "FP8_MAX": 448.0, "NUM_SPLITS": p["num_splits"], "STAGES": p["num_stages"],
-                       "V_BUFFERS": p["v_buffers"], "WARPS": p["num_warps"], "COOPERATIVE_MERGE": cooperative},
+                       "WARPS": p["num_warps"], "COOPERATIVE_MERGE": cooperative},
         "aligned_args": [name for name, kind in signature.items() if kind[0] == "*" or name.startswith("stride")],
         "num_warps": p["num_warps"], "num_stages": 1,
     } for cooperative in merges]

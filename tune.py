@@ -87,7 +87,6 @@ SEARCH_SPACE = {
         "num_splits": [1, 2, 4, 8, 16, 32],
         "num_warps": [4, 8],
         "num_stages": [2, 3],
-        "v_buffers": [1, 2],
         "cooperative_merge": [True, False],
     },
     "triton_mxfp4": {
@@ -107,7 +106,7 @@ QUICK_SEARCH_SPACE = {
                    "qk_fp8": [True, False]},
     "triton_mxfp4": {"num_splits": [1, 8], "block_n": [64], "num_warps": [8], "num_stages": [2],
                      "qk_dot_scaled": [False]},
-    "hopper_fp8": {"num_splits": [1, 8], "num_warps": [4], "num_stages": [2], "v_buffers": [1]},
+    "hopper_fp8": {"num_splits": [1, 8], "num_warps": [4], "num_stages": [2]},
 }
 
 MAX_MISMATCH = 0.01  # eligibility: worst mismatch ratio over the seeds (the runner allows 0.05)

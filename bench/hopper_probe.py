@@ -25,8 +25,8 @@ import utils  # noqa: E402
 
 SHAPES = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
 SPLITS = (1, 2, 4, 8, 16, 32)
-CONFIGS = [dict(num_stages=2, num_warps=4, v_buffers=1), dict(num_stages=3, num_warps=4, v_buffers=2),
-           dict(num_stages=2, num_warps=8, v_buffers=1), dict(num_stages=3, num_warps=8, v_buffers=2)]
+CONFIGS = [dict(num_stages=2, num_warps=4), dict(num_stages=3, num_warps=4), dict(num_stages=2, num_warps=8),
+           dict(num_stages=3, num_warps=8)]
 
 
 def main():

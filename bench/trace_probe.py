@@ -1,0 +1,131 @@
+"""Where one call of the Hopper kernel spends its time, per program (sm_90, one device call).
+
+Builds an instrumented copy of submission.py (exact-text insertions, each asserted to match once,
+so a kernel edit that moves a marker fails loudly here): every program records %globaltimer at
+its start, after the prologue (indptr, q loaded and quantised, first TMA issued), after the tile
+loop, after its output/partial stores and at its end, plus %clock64 cycles spent per phase of the
+tile loop (waiting for the TMA, S^T, softmax + P, P.V). Then times each shape's table row like the
+runner (L2 flushed, CUDA events around one call) and prints, per shape: the event time; the
+kernel's span (first program start -> last program end); how late the last program starts; and
+per-program medians of each phase.
+
+    python bench/trace_probe.py [--shapes 4x1024,256x8192] [--repeats 20]
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import eval as runner  # noqa: E402
+import reference  # noqa: E402
+import utils  # noqa: E402
+
+SLOTS = 16  # int64 per program in the trace buffer
+NAMES = ["start", "prologue", "loop", "stores", "end"]  # globaltimer slots 0-4
+
+STAMP = 'gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)'
+CLOCK = 'gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)'
+
+# (marker text in submission.py, text to put in its place); {S} = STAMP, {C} = CLOCK
+INSERTIONS = [
+    ("PARTIAL_LSE, SPLIT_TICKETS,\n        sm_scale_log2, stride_q_token", "PARTIAL_LSE, SPLIT_TICKETS, TRACE,\n"
+     "        sm_scale_log2, stride_q_token"),
+    ("        split = gl.program_id(1)\n",
+     "        split = gl.program_id(1)\n        t_start = {S}\n        c_start = {C}\n"
+     "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
+    ("        score_scale = sm_scale_log2 * kv_scale * q_scale\n",
+     "        score_scale = sm_scale_log2 * kv_scale * q_scale\n        t_prologue = {S}\n"
+     "        wait_cycles = c_start * 0\n        s_cycles = c_start * 0\n        softmax_cycles = c_start * 0\n"
+     "        pv_cycles = c_start * 0\n"),
+    ("            mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n",
+     "            c0 = {C}\n            mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n            c1 = {C}\n"
+     "            wait_cycles += c1 - c0\n"),
+    ("            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n",
+     "            c2 = {C}\n            s_cycles += c2 - c1\n            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n"),
+    ("            # two products in flight", "            c3 = {C}\n            softmax_cycles += c3 - c2\n"
+     "            # two products in flight"),
+    ("            acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))\n",
+     "            acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))\n            pv_cycles += {C} - c3\n"),
+    ("        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n",
+     "        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n"
+     "        t_loop = {S}\n"),
+    ("        _store_chunk(out3, dest + 3 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)\n",
+     "        _store_chunk(out3, dest + 3 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)\n"
+     "        t_stores = {S}\n"),
+    ("                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n\n    @gluon.jit\n    def _issue_scores",
+     "                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n"
+     "        t_end = {S}\n        c_end = {C}\n"
+     "        gl.store(trace, t_start)\n        gl.store(trace + 1, t_prologue)\n        gl.store(trace + 2, t_loop)\n"
+     "        gl.store(trace + 3, t_stores)\n        gl.store(trace + 4, t_end)\n"
+     "        gl.store(trace + 5, wait_cycles)\n        gl.store(trace + 6, s_cycles)\n"
+     "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
+     "        gl.store(trace + 9, c_end - c_start)\n        gl.store(trace + 10, num_tiles.to(gl.int64))\n"
+     "\n    @gluon.jit\n    def _issue_scores"),
+    ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),",
+     "(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, "
+     "TRACE_BUFFER),"),
+]
+
+
+def instrumented_source(path):
+    src = open(path).read()
+    for marker, text in INSERTIONS:
+        assert src.count(marker) == 1, f"marker not found exactly once: {marker[:60]!r}"
+        src = src.replace(marker, text.replace("{S}", STAMP).replace("{C}", CLOCK))
+    return src + "\nTRACE_BUFFER = None  # set by bench/trace_probe.py\n"
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="4x1024,4x8192,32x1024,64x1024,64x8192,256x1024,256x8192")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    path = os.path.join(tempfile.mkdtemp(), "traced_submission.py")  # kept: Triton reads jit sources
+    with open(path, "w") as f:
+        f.write(instrumented_source(os.path.join(ROOT, "submission.py")))
+    module = runner.load_submission(path, "traced_submission")
+    flush = utils.L2Flusher("default")
+    print("bs/kv: row | event us | span us | last start us | per program (median): prologue, loop, "
+          "stores, merge+end us | per tile ns: wait, S^T, softmax+P, P.V | tiles")
+    for shape in args.shapes.split(","):
+        batch, kv = map(int, shape.split("x"))
+        data = reference.generate_input(batch, 1, kv, 7)
+        row = module.select_route(batch, kv, True, module.TRITON_ROUTE_TABLE)
+        assert row["route"] == "hopper_fp8", row
+        programs = batch * row["params"].get("num_splits", 1)
+        module.TRACE_BUFFER = torch.zeros(programs * SLOTS, dtype=torch.int64, device="cuda")
+        call = lambda: module.hopper_fp8_route(*data, **row["params"])  # noqa: E731
+        expected = reference.ref_kernel(data)
+        assert reference.mismatch_ratio(call(), expected) <= 0.005, shape
+        events, spans, late, phases, tile_ns, tiles = [], [], [], [[] for _ in range(4)], [[] for _ in range(4)], []
+        for _ in range(args.repeats):
+            events.append(utils.time_call(call, flush=flush)[1] / 1e3)
+            trace = module.TRACE_BUFFER.view(programs, SLOTS).cpu().double()
+            stamps = trace[:, :5]
+            begin = stamps[:, 0].min()
+            spans.append(float(stamps[:, 4].max() - begin) / 1e3)
+            late.append(float(stamps[:, 0].max() - begin) / 1e3)
+            for k in range(4):
+                phases[k] += ((stamps[:, k + 1] - stamps[:, k]) / 1e3).tolist()
+            ns_per_cycle = (stamps[:, 4] - stamps[:, 0]) / trace[:, 9].clamp(min=1)
+            n_tiles = trace[:, 10].clamp(min=1)
+            for k in range(4):
+                tile_ns[k] += (trace[:, 5 + k] * ns_per_cycle / n_tiles).tolist()
+            tiles += trace[:, 10].tolist()
+        params = ",".join(f"{k}={v}" for k, v in row["params"].items())
+        print(f"{batch}/{kv}: {params} | {median(events):.1f} | {median(spans):.1f} | {median(late):.1f} | "
+              + ", ".join(f"{median(p):.2f}" for p in phases) + " | "
+              + ", ".join(f"{median(t):.0f}" for t in tile_ns) + f" | {median(tiles):.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
