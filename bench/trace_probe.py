@@ -57,7 +57,7 @@ INSERTIONS = [
     ("        _store_chunk(out3, dest + 3 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)\n",
      "        _store_chunk(out3, dest + 3 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)\n"
      "        t_stores = {S}\n"),
-    ("                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n\n    @gluon.jit\n    def _issue_scores",
+    ("                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n\n    @gluon.jit\n",
      "                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n"
      "        t_end = {S}\n        c_end = {C}\n"
      "        gl.store(trace, t_start)\n        gl.store(trace + 1, t_prologue)\n        gl.store(trace + 2, t_loop)\n"
@@ -65,7 +65,7 @@ INSERTIONS = [
      "        gl.store(trace + 5, wait_cycles)\n        gl.store(trace + 6, s_cycles)\n"
      "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
      "        gl.store(trace + 9, c_end - c_start)\n        gl.store(trace + 10, num_tiles.to(gl.int64))\n"
-     "\n    @gluon.jit\n    def _issue_scores"),
+     "\n    @gluon.jit\n"),
     ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),",
      "(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, "
      "TRACE_BUFFER),"),
