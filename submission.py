@@ -1194,20 +1194,33 @@ if HAVE_GLUON:
         N: gl.constexpr = acc.shape[1]
         return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS).value), [128, N])
 
-    @gluon.jit
-    def _hi_plus_lo(acc, LAYOUT: gl.constexpr):
-        """(dims x 2*heads) with the products of P_hi and P_lo interleaved -> (dims x heads) of P.V."""
-        hi, lo = gl.split(gl.reshape(acc, [acc.shape[0], acc.shape[1] // 2, 2]))
-        return gl.convert_layout((hi + lo * (1.0 / 16)) * (1.0 / 256), LAYOUT)
+    @triton.constexpr_function
+    def _output_layout(warps):
+        """(128 dims x 16 heads) layout of _hi_plus_lo(_rows_to_dims(acc)) with a thread's dims first
+        in register order, so that its 4 (2 at 8 warps) consecutive dims store as one vector."""
+        if warps == 4:
+            return gl.DistributedLinearLayout([[1, 0], [2, 0], [0, 4], [0, 8]], [[0, 1], [0, 2], [4, 0], [8, 0], [16, 0]],
+                                              [[32, 0], [64, 0]], [], [HOPPER_CHUNK, 16])
+        return gl.DistributedLinearLayout([[1, 0], [0, 4], [0, 8]], [[0, 1], [0, 2], [2, 0], [4, 0], [8, 0]],
+                                          [[16, 0], [32, 0], [64, 0]], [], [HOPPER_CHUNK, 16])
 
     @gluon.jit
-    def _store_chunk(acc, base, stride_dim: gl.constexpr, stride_head: gl.constexpr, head_scale,
-                     LAYOUT: gl.constexpr, CHUNK: gl.constexpr, NUM_HEADS: gl.constexpr):
-        """base[d * stride_dim + h * stride_head] = acc[d, h] * head_scale[h] (cast to base's type)."""
-        dims = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, LAYOUT))
-        heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT))
+    def _hi_plus_lo(acc):
+        """(dims x 2*heads) with the products of P_hi and P_lo interleaved -> (dims x heads) of P.V
+        (a thread holds both columns of a head: no data moves)."""
+        hi, lo = gl.split(gl.reshape(acc, [acc.shape[0], acc.shape[1] // 2, 2]))
+        return (hi + lo * (1.0 / 16)) * (1.0 / 256)
+
+    @gluon.jit
+    def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr):
+        """base[h * LATENT + d] = acc[d, h] * head_scale[h] (cast to base's type), stored from acc's
+        own layout: after _rows_to_dims a thread holds 4 consecutive dims of a head and 8 lanes
+        hold 32 consecutive dims (16-byte stores, 128-byte rows for float32), so no layout change."""
+        LAYOUT: gl.constexpr = acc.type.layout
+        dims = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, LAYOUT))
+        heads = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, LAYOUT))
         scale = gl.expand_dims(gl.convert_layout(head_scale, gl.SliceLayout(0, LAYOUT)), 0)
-        gl.store(base + gl.expand_dims(dims, 1) * stride_dim + gl.expand_dims(heads, 0) * stride_head,
+        gl.store(base + gl.expand_dims(dims, 1) + gl.expand_dims(heads, 0) * LATENT,
                  (acc * scale).to(base.dtype.element_ty))
 
     @triton.constexpr_function
@@ -1292,7 +1305,6 @@ if HAVE_GLUON:
                                                          instr_shape=[16, NUM_HEADS // (WARPS // 4), 32])
         O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, 2 * NUM_HEADS, 32])
-        DIMS: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, WARPS], [0, 1])  # (dims x heads): out
 
         kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
                                               lat_desc.layout)
@@ -1375,10 +1387,10 @@ if HAVE_GLUON:
             mbarrier.invalidate(loaded.index(ring_slot))
 
         running_sum = gl.sum(row_sums, 0)
-        out0 = _hi_plus_lo(_rows_to_dims(acc0, WARPS), DIMS)
-        out1 = _hi_plus_lo(_rows_to_dims(acc1, WARPS), DIMS)
-        out2 = _hi_plus_lo(_rows_to_dims(acc2, WARPS), DIMS)
-        out3 = _hi_plus_lo(_rows_to_dims(acc3, WARPS), DIMS)
+        out0 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc0, WARPS)), _output_layout(WARPS))
+        out1 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc1, WARPS)), _output_layout(WARPS))
+        out2 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc2, WARPS)), _output_layout(WARPS))
+        out3 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc3, WARPS)), _output_layout(WARPS))
         out_row = OUT + q_row * stride_o_token
         if NUM_SPLITS == 1:  # the output row (bf16)
             dest = out_row
@@ -1391,10 +1403,10 @@ if HAVE_GLUON:
             slot_id = batch * NUM_SPLITS + split
             dest = PARTIAL_O + slot_id * LATENT * NUM_HEADS
             head_scale = 1.0 / safe_sum
-        _store_chunk(out0, dest, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)
-        _store_chunk(out1, dest + CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)
-        _store_chunk(out2, dest + 2 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)
-        _store_chunk(out3, dest + 3 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)
+        _store_chunk(out0, dest, head_scale, LATENT)
+        _store_chunk(out1, dest + CHUNK, head_scale, LATENT)
+        _store_chunk(out2, dest + 2 * CHUNK, head_scale, LATENT)
+        _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT)
         if NUM_SPLITS > 1:
             gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, S_MMA)), lse)
             gl.thread_barrier()  # every thread's partial stores precede the ticket's release

@@ -68,6 +68,20 @@ def main():
             bad += not ok
             if not ok:
                 print(f"lens {lens} splits {splits} {cfg}: mismatch {mm:.4f} rel_l2 {l2:.4f} {'ok' if ok else 'FAIL'}", flush=True)
+    # q rows elsewhere than row = batch: the kernel reads q at row `batch` before qo_indptr answers
+    # and must read it again where qo_indptr points (rows 1, 3, 5, ... of a q with junk between)
+    data = reference.generate_input(8, 1, 1024, 3)
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    expected = reference.ref_kernel(data)
+    spread = torch.randn(2 * q.shape[0], *q.shape[1:], device=q.device).to(q.dtype) * 50
+    spread[1::2] = q
+    rows = 2 * torch.arange(q.shape[0] + 1, device=q.device, dtype=qo_indptr.dtype) + 1
+    for splits, cfg in itertools.product((1, 4), CONFIGS):
+        out = submission.hopper_fp8_route(spread, kv_data, rows, kv_indptr, config, num_splits=splits, **cfg)
+        mm = reference.mismatch_ratio(out[1::2], expected)
+        bad += mm > 0.005
+        if mm > 0.005:
+            print(f"q rows at 2b+1, splits {splits} {cfg}: mismatch {mm:.4f} FAIL", flush=True)
     print(f"checks: {bad} failing, {time.time() - t0:.0f} s", flush=True)
     if bad or not args.time:
         sys.exit(1 if bad else 0)

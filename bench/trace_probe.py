@@ -54,8 +54,8 @@ INSERTIONS = [
     ("        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n",
      "        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n"
      "        t_loop = {S}\n"),
-    ("        _store_chunk(out3, dest + 3 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)\n",
-     "        _store_chunk(out3, dest + 3 * CHUNK, 1, LATENT, head_scale, DIMS, CHUNK, NUM_HEADS)\n"
+    ("        _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT)\n",
+     "        _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT)\n"
      "        t_stores = {S}\n"),
     ("                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n\n    @gluon.jit\n",
      "                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n"
