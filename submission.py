@@ -85,15 +85,15 @@ TRITON_ROUTE_TABLE = [
     {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": False}},
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2, "cooperative_merge": False}},
+     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 3, "cooperative_merge": False}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": False}},
     {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
@@ -101,11 +101,11 @@ TRITON_ROUTE_TABLE = [
     {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": False}},
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
     {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
@@ -934,6 +934,18 @@ def _specialisation(arg):
     return (arg.dtype, arg.data_ptr() % 16 == 0)
 
 
+def _raw_stream(device):
+    """The current CUDA stream's handle, as Triton's own launcher gets it: torch's private
+    accessor costs well under a microsecond, torch.cuda.current_stream(device) about 6 us of host
+    time per call on the H200's host (it builds a Stream object)."""
+    if _GET_RAW_STREAM is not None:
+        return _GET_RAW_STREAM(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the second
     call with the same key straight through the compiled kernel's launcher.
@@ -959,7 +971,7 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
             _COMPILED[key] = (compiled, tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
         return
     compiled, constexpr_values = entry
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = _raw_stream(device)
     compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                  *tensors, *scalars, *constexpr_values)
 
@@ -1109,10 +1121,11 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
 # with Triton 3.6. Why a second kernel: P.V needs V^T, and V is stored token-major. tl.dot can only
 # get V^T into the MMA by converting the fp8 tile to f16 in registers through byte-wise transposed
 # shared-memory reads, which is what holds the portable kernel at 2.3x the byte floor on the H200
-# (NOTES.md). Here the kernel itself transposes each fp8 V chunk in registers (4 tokens x 4 dims
-# per thread, the bytes repacked) into a K-major fp8 tile in shared memory, so both products are
-# fp8 wgmma reading shared memory, fed by TMA. Off Hopper, or where Gluon does not import, the
-# route does not exist and its table rows are skipped (each is followed by a portable row).
+# (NOTES.md). Here the kernel reads each fp8 V chunk from its TMA tile straight into the register
+# fragment of V^T that the fp8 wgmma takes as its A operand (4 tokens x 4 dims per thread, the
+# bytes repacked in registers), so both products are fp8 wgmma fed by TMA and nothing is copied
+# back to shared memory. Off Hopper, or where Gluon does not import, the route does not exist and
+# its table rows are skipped (each is followed by a portable row).
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -1180,7 +1193,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: gl.constexpr,
-                            CHUNK: gl.constexpr):
+                  CHUNK: gl.constexpr):
         """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously."""
         bits = gl.reshape(kv_chunk.load(_v_operand_load_layout(WARPS)), [2] * 13)
         v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS).value), [CHUNK, 64])
@@ -1280,7 +1293,7 @@ if HAVE_GLUON:
         read from the ring slot straight into the MMA's register fragment of V_c^T (bytes repacked
         in registers, see _pv_chunk), acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T, two chunks in
         flight. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB of P: STAGES 2 fits two
-        programs per SM (226 registers per thread at 4 warps, no spills).
+        programs per SM (about 235 registers per thread at 4 warps, no spills).
         NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split; the last split of the row
         merges them, or with COOPERATIVE_MERGE (only when the whole grid is resident at once) every
         split waits for the row's last and merges 512 / NUM_SPLITS of the dims.
