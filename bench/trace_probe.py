@@ -1,7 +1,8 @@
 """Where one call of the Hopper kernel spends its time, per program (sm_90, one device call).
 
 Builds an instrumented copy of submission.py (exact-text insertions, each asserted to match once,
-so a kernel edit that moves a marker fails loudly here): every program records %globaltimer at
+so a kernel edit that moves a marker fails loudly here; tests/test_trace_probe.py compiles the
+result for sm_90 on the CPU): every program records %globaltimer at
 its start, after the prologue (indptr, q loaded and quantised, first TMA issued), after the tile
 loop, after its output/partial stores and at its end, plus %clock64 cycles spent per phase of the
 tile loop (waiting for the TMA, S^T, softmax + P, P.V). Then times each shape's table row like the
@@ -66,6 +67,9 @@ INSERTIONS = [
      "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
      "        gl.store(trace + 9, c_end - c_start)\n        gl.store(trace + 10, num_tiles.to(gl.int64))\n"
      "\n    @gluon.jit\n"),
+    ('"SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",',
+     '"SPLIT_TICKETS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32", "stride_q_token": "i32", '
+     '"stride_o_token": "i32",'),
     ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),",
      "(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, "
      "TRACE_BUFFER),"),

@@ -108,3 +108,105 @@ def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch):
     out = submission.hopper_fp8_route(q, dict(kv_data, fp8=(wide, scale)), qo_indptr, kv_indptr, config,
                                       num_splits=4)
     assert out == "portable" and calls == [{"num_splits": 4}]
+
+
+# The wgmma A-operand register fragment that P.V's V^T must arrive in: Triton 3.6's
+# DotOperandLayout(0, NVMMADistributedLayout([3, 0], [warps, 1], [16, 32, 32]), k_width=4) on
+# (128 rows x 64 k), as (row, k) bases: the PTX fragment of wgmma .m64nNk32 .e4m3 (4 consecutive k
+# of a row per 32-bit register; lanes: k bits 2-3, then row bits 0-2; warps: 16-row groups).
+A_FRAGMENT = {
+    4: {"reg": [[0, 1], [0, 2], [8, 0], [0, 16], [0, 32], [64, 0]],
+        "lane": [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], "warp": [[16, 0], [32, 0]]},
+    8: {"reg": [[0, 1], [0, 2], [8, 0], [0, 16], [0, 32]],
+        "lane": [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], "warp": [[16, 0], [32, 0], [64, 0]]},
+}
+
+
+def _v_relabelled(warps):
+    """(128 rows x 64 k) of flat (token * 128 + dim) labels after _pv_chunk's reshape/permute."""
+    import numpy as np
+    labels = np.arange(64 * 128).reshape(64, 128)
+    return labels.reshape([2] * 13).transpose(submission._v_operand_order(warps)).reshape(128, 64)
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
+@pytest.mark.parametrize("warps", (4, 8))
+def test_v_chunk_load_relabelled_is_the_wgmma_a_fragment(warps):
+    """Each basis of the V-chunk load layout, (token, dim), lands after the relabelling at the
+    (row, k) of the same basis of the A fragment: lanes and warps in order, registers as a set
+    (their order is free). A wrong bit table would make the compiler shuffle V through shared
+    memory, or, with a consistent P order, still be right but slow: this pins the fast layout."""
+    import numpy as np
+    relabelled = _v_relabelled(warps)
+
+    def where(basis):  # (token, dim) basis -> its (row, k) after the relabel
+        row, k = np.argwhere(relabelled == basis[0] * 128 + basis[1])[0]
+        return [int(row), int(k)]
+
+    load = submission._v_operand_load_layout(warps)
+    fragment = A_FRAGMENT[warps]
+    assert [where(b) for b in load.lane_bases] == fragment["lane"]
+    assert [where(b) for b in load.warp_bases] == fragment["warp"]
+    assert sorted(where(b) for b in load.reg_bases) == sorted(fragment["reg"])
+    # the first register bases are consecutive dims: the load is one 32-bit (16-bit) word per token
+    assert load.reg_bases[:2 if warps == 4 else 1] == [[0, 1], [0, 2]][:2 if warps == 4 else 1]
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
+@pytest.mark.parametrize("warps", (4, 8))
+def test_p_order_and_output_rows_match_the_v_relabelling(warps):
+    """P^T's k order is V's token order (the product sums matching tokens), and _rows_to_dims
+    puts output row r back at latent dim d(r); the output layout stores 4 (2) consecutive dims."""
+    import numpy as np
+    relabelled = _v_relabelled(warps)
+    token_of_k = relabelled[0, :] // 128  # row 0 is dim-bit pattern 0 for every k
+    dim_of_row = relabelled[:, 0] % 128
+    tokens = np.arange(64).reshape([2] * 6 + [1]).transpose(submission._pv_token_order()).reshape(64)
+    assert (tokens == token_of_k).all()
+    rows = np.arange(128).reshape([2] * 7 + [1]).transpose(submission._rows_to_dims_order(warps)).reshape(128)
+    assert (dim_of_row[rows] == np.arange(128)).all()
+    out = submission._output_layout(warps)
+    assert out.reg_bases[:2 if warps == 4 else 1] == ([[1, 0], [2, 0]] if warps == 4 else [[1, 0]])
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
+@pytest.mark.parametrize("num_splits", (2, 3, 4, 8, 16, 32))
+def test_merge_layout_keeps_splits_in_thread_within_128_floats(num_splits):
+    """_merge_slice loads (splits x 512/next_pow2(splits) dims x 16 heads) at once: every split of
+    an element in one thread (sums over splits without shared memory), at most 128 floats each."""
+    import math
+    splits = 1 << math.ceil(math.log2(num_splits))
+    dims = 512 // splits
+    layout = submission._merge_layout(splits, dims, 16, 4)
+    assert layout.size_per_thread[0] == splits and layout.threads_per_warp[0] == 1
+    assert layout.warps_per_cta[0] == 1
+    dims_per_pass = 4 * layout.threads_per_warp[1] * layout.warps_per_cta[1]
+    heads_per_pass = layout.threads_per_warp[2] * layout.warps_per_cta[2]
+    per_thread = splits * 4 * max(1, dims // dims_per_pass) * max(1, 16 // heads_per_pass)
+    assert per_thread <= 128, (num_splits, layout, per_thread)
+
+
+def _xor_span(bases, index):
+    """The (token, dim) that a linear layout gives index (bit i of index selects bases[i])."""
+    token = dim = 0
+    for bit, (t, d) in enumerate(bases):
+        if index >> bit & 1:
+            token, dim = token ^ t, dim ^ d
+    return token, dim
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
+def test_v_chunk_loads_are_free_of_bank_conflicts():
+    """At 4 warps every 32-bit load of a warp reads 32 different banks of the TMA tile (64 tokens x
+    128 bytes, 128-byte swizzle: 16-byte chunk c of row t sits at chunk c ^ (t % 8))."""
+    load = submission._v_operand_load_layout(4)
+    vector_bits = 2  # the first two register bases are the 4 bytes of one 32-bit word
+    for reg in range(1 << (len(load.reg_bases) - vector_bits)):
+        base = _xor_span(load.reg_bases[vector_bits:], reg)
+        banks = set()
+        for lane in range(32):
+            token, dim = _xor_span(load.lane_bases, lane)
+            token, dim = token ^ base[0], dim ^ base[1]
+            byte = token * 128 + ((dim // 16) ^ (token % 8)) * 16 + dim % 16
+            banks.add(byte // 4 % 32)
+        assert len(banks) == 32, (reg, sorted(banks))
