@@ -230,6 +230,21 @@ def test_popcorn_flag_without_fd_exits_111(tmp_path):
     assert rc == 111
 
 
+@pytest.mark.parametrize("flag,expected", [([], "default"), (["--l2-flush", "runner"], "runner")])
+def test_popcorn_benchmark_jobs_carry_the_l2_flush_mode(tmp_path, monkeypatch, flag, expected):
+    """--l2-flush reaches every benchmark job of runner mode ("runner": the runner's own flush)."""
+    jobs = []
+    monkeypatch.setattr(ev, "run_spawned", lambda job: jobs.append(job) or {
+        "ok": True, "stats": {"runs": 3, "mean": 1.0, "std": 0.0, "err": 0.0, "best": 1.0, "worst": 1.0}})
+    monkeypatch.setattr(ev, "_prepare_environment", lambda: None)
+    spec = tmp_path / "one.txt"
+    spec.write_text("batchsize: 2; qseqlen: 1; kvseqlen: 30; seed: 9\n")
+    with open(tmp_path / "out.txt", "w") as out:
+        monkeypatch.setenv("POPCORN_FD", str(out.fileno()))
+        assert ev.main(["leaderboard", str(spec), *flag]) == 0
+    assert len(jobs) == 2 and all(job["flush_mode"] == expected for job in jobs)  # warm-up + the case
+
+
 # ---------------------------------------------------------------------------------------------
 # Human mode (in-process)
 
