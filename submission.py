@@ -1535,9 +1535,11 @@ def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num
     kv_fp8, kv_scale = kv_data["fp8"]
     if kv_fp8.dtype != torch.float8_e4m3fn:
         raise ValueError(f'kv_data["fp8"] must be float8_e4m3fn for the Hopper route, got {kv_fp8.dtype}')
+    batch = kv_indptr.shape[0] - 1
+    if q.shape[0] < batch:  # the kernel reads q at row `batch` before qo_indptr answers
+        raise ValueError(f"q has {q.shape[0]} rows, fewer than the {batch} batch rows of kv_indptr")
     if not tma_can_read(kv_fp8):  # a strided view the runner never makes: the portable kernel reads it
         return triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
-    batch = kv_indptr.shape[0] - 1
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
     latent_desc, rope_desc = kv_descriptors(kv_fp8)

@@ -56,6 +56,13 @@ def test_refuses_an_fp8_format_the_kernel_cannot_read():
         submission.hopper_fp8_route(q, bad, qo_indptr, kv_indptr, config)
 
 
+def test_refuses_fewer_q_rows_than_batch_rows():
+    """The kernel reads q at row `batch` before qo_indptr answers: q must have a row there."""
+    q, kv_data, qo_indptr, kv_indptr, config = reference.generate_input(3, 1, 64, 1, device="cpu")
+    with pytest.raises(ValueError, match="q has 2 rows"):
+        submission.hopper_fp8_route(q[:2], kv_data, qo_indptr, kv_indptr, config)
+
+
 class _Descriptor:
     """Has what Triton specialises a TMA descriptor on (like gluon's TensorDescriptor)."""
 
