@@ -2,6 +2,7 @@
 shapes, beside the plain-torch peer; write JSON and a PNG chart; print a short table last.
 
     python bench/device_bench.py [--spec specs/benchmarks.txt] [--out DIR] [--seeds 5] [--repeats 50]
+                                 [--l2-flush default|runner]
 
 Per shape:
 - custom_kernel (the row its route table picks) and each of our own routes available here (Triton;
@@ -94,9 +95,12 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "results")))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--l2-flush", default="default", choices=("default", "runner"),
+                        help="default: zero 512 MiB (fast; a slow host path shows in the means); "
+                             "runner: the runner's 62.5 GiB randn (hides host time as the runner does)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    flush = utils.L2Flusher("default")
+    flush = utils.L2Flusher(args.l2_flush)
     copy_gbps = utils.copy_bandwidth()
     secrets = random.Random(0).sample(range(1, 2**31), args.seeds)
     rows = []

@@ -1,8 +1,8 @@
 """One device call (an sm_90 GPU): checks submission.hopper_fp8_route (the Gluon kernel: TMA, fp8
-wgmma for both products, V transposed in registers) against the reference: three leaderboard
+wgmma for both products, V^T from registers) against the reference: three leaderboard
 shapes x split counts x kernel configs (mismatch, rel. L2 vs float64 within 1.25x the reference's,
 two calls bit-identical, not zero), then variable lengths (1, 7, 63-65, 2049 ...; split counts that
-leave empty splits). With --time, also times a split x config grid on the 8 leaderboard shapes like
+leave empty splits), then q rows away from row = batch (the kernel's speculative q read). With --time, also times a split x config grid on the 8 leaderboard shapes like
 the runner (L2 flushed, CUDA events around one call) beside the submission; short table last.
 
     python bench/hopper_probe.py [--time] [--repeats 20]
