@@ -1300,7 +1300,7 @@ if HAVE_GLUON:
         Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0;
         past the cache TMA reads zeros); q; out; per split a 32 KiB float32 partial."""
         NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
-        gl.static_assert(BLOCK_N == 64, "the V transpose layout and P.V token order assume 64-token tiles")
+        gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
         batch = gl.program_id(0)
         split = gl.program_id(1)
         ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
@@ -1515,6 +1515,7 @@ def kv_descriptors(kv_fp8):
 
 
 _SM_COUNTS = {}  # device -> streaming multiprocessors
+COOPERATIVE_SPLITS = (2, 4, 8, 16, 32)  # split counts whose splits can each merge 512 / splits dims
 
 
 def cooperative_merge_fits(batch, num_splits, device):
@@ -1523,7 +1524,7 @@ def cooperative_merge_fits(batch, num_splits, device):
     power-of-two split count of 2-32 (each merges 512 / num_splits dims)."""
     if device not in _SM_COUNTS:
         _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return num_splits in (2, 4, 8, 16, 32) and batch * num_splits <= _SM_COUNTS[device]
+    return num_splits in COOPERATIVE_SPLITS and batch * num_splits <= _SM_COUNTS[device]
 
 
 def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num_warps=4, num_stages=2,
@@ -1565,7 +1566,7 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
         "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "OUT": "*bf16", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32",
         "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",
     }
-    merges = [False, True] if p["cooperative_merge"] and p["num_splits"] in (2, 4, 8, 16, 32) else [False]
+    merges = [False, True] if p["cooperative_merge"] and p["num_splits"] in COOPERATIVE_SPLITS else [False]
     return [{
         "kernel": _mla_decode_fp8_hopper_kernel, "targets": ["sm90"], "signature": signature,
         "constexprs": {**keyword_defaults(_mla_decode_fp8_hopper_kernel),

@@ -10,7 +10,6 @@ import os
 import pstats
 import statistics
 import sys
-import time
 
 import torch
 
@@ -19,15 +18,8 @@ sys.path.insert(0, ROOT)
 import reference  # noqa: E402
 import submission  # noqa: E402
 
-
-def host_us(fn, calls):
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host_time_probe import host_us  # noqa: E402
 
 
 def main():
@@ -47,7 +39,8 @@ def main():
         fn()
         fn()
     for name, fn in calls.items():
-        print(f"{name:24s} host median {host_us(fn, args.calls):7.1f} us", flush=True)
+        median = statistics.median(host_us(fn) for _ in range(args.calls))
+        print(f"{name:24s} host median {median:7.1f} us", flush=True)
     profile = cProfile.Profile()
     fn = calls[f"{row['route']} direct"]
     profile.enable()

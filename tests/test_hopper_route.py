@@ -3,6 +3,9 @@ absent, its table rows skipped in favour of the portable row that follows each, 
 refused before any GPU work, and its launch key must tell TMA descriptors apart. Its kernel is
 compiled for sm_90 by tests/test_kernel_report.py and checked numerically on an H200 by
 bench/hopper_probe.py (bench/h200/hopper_checks.txt): Gluon kernels have no CPU interpreter."""
+import math
+
+import numpy as np
 import pytest
 import torch
 
@@ -131,7 +134,6 @@ A_FRAGMENT = {
 
 def _v_relabelled(warps):
     """(128 rows x 64 k) of flat (token * 128 + dim) labels after _pv_chunk's reshape/permute."""
-    import numpy as np
     labels = np.arange(64 * 128).reshape(64, 128)
     return labels.reshape([2] * 13).transpose(submission._v_operand_order(warps)).reshape(128, 64)
 
@@ -143,7 +145,6 @@ def test_v_chunk_load_relabelled_is_the_wgmma_a_fragment(warps):
     (row, k) of the same basis of the A fragment: lanes and warps in order, registers as a set
     (their order is free). A wrong bit table would make the compiler shuffle V through shared
     memory, or, with a consistent P order, still be right but slow: this pins the fast layout."""
-    import numpy as np
     relabelled = _v_relabelled(warps)
 
     def where(basis):  # (token, dim) basis -> its (row, k) after the relabel
@@ -164,7 +165,6 @@ def test_v_chunk_load_relabelled_is_the_wgmma_a_fragment(warps):
 def test_p_order_and_output_rows_match_the_v_relabelling(warps):
     """P^T's k order is V's token order (the product sums matching tokens), and _rows_to_dims
     puts output row r back at latent dim d(r); the output layout stores 4 (2) consecutive dims."""
-    import numpy as np
     relabelled = _v_relabelled(warps)
     token_of_k = relabelled[0, :] // 128  # row 0 is dim-bit pattern 0 for every k
     dim_of_row = relabelled[:, 0] % 128
@@ -181,7 +181,6 @@ def test_p_order_and_output_rows_match_the_v_relabelling(warps):
 def test_merge_layout_keeps_splits_in_thread_within_128_floats(num_splits):
     """_merge_slice loads (splits x 512/next_pow2(splits) dims x 16 heads) at once: every split of
     an element in one thread (sums over splits without shared memory), at most 128 floats each."""
-    import math
     splits = 1 << math.ceil(math.log2(num_splits))
     dims = 512 // splits
     layout = submission._merge_layout(splits, dims, 16, 4)

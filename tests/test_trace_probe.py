@@ -2,6 +2,7 @@
 must still be found once in today's kernel, and the instrumented Hopper kernel must compile for
 sm_90 (ahead of time, on the CPU) with no spills, so the probe works when a device run needs it."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +24,6 @@ def test_every_marker_applies_to_submission():
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
 def test_instrumented_kernel_compiles_for_sm90(tmp_path, monkeypatch):
-    import os
     # the compile workers import the traced copy from tmp_path; its `from task import ...` needs the repo
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     path = tmp_path / "traced_submission.py"
