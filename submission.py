@@ -981,7 +981,8 @@ _SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets
 
 def split_workspace(batch, num_splits, device):
     """Float32 partials and lse for every (batch row, split), two tickets per batch row. Cached per
-    shape: allocated once, the tickets zeroed once (the kernel leaves them at 0 after each call).
+    shape: allocated once, the tickets zeroed once (the last split of a row resets its arrival
+    ticket; the Hopper cooperative merge's counters only grow, by num_splits per call).
     Two calls on different streams sharing a shape must not overlap (the runner never does)."""
     key = (batch, num_splits, device)
     workspace = _SPLIT_WORKSPACES.get(key)
@@ -989,7 +990,7 @@ def split_workspace(batch, num_splits, device):
         workspace = _SPLIT_WORKSPACES[key] = (
             torch.empty(batch * num_splits, V_HEAD_DIM, NUM_HEADS, dtype=torch.float32, device=device),
             torch.empty(batch * num_splits, NUM_HEADS, dtype=torch.float32, device=device),
-            torch.zeros(2 * batch, dtype=torch.int32, device=device),  # arrivals, departures (Hopper)
+            torch.zeros(2 * batch, dtype=torch.int32, device=device),  # arrivals; cooperative counters (Hopper)
         )
     return workspace
 
@@ -1238,20 +1239,26 @@ if HAVE_GLUON:
 
     @triton.constexpr_function
     def _merge_layout(splits, dims, heads, warps):
-        """(splits x dims x heads) of partials: all splits in each thread, 4 contiguous dims per
-        thread (16-byte loads), lanes and warps over dims first, then heads."""
+        """(splits x dims x heads) of partials: 4 contiguous dims per thread (16-byte loads), lanes
+        and warps over dims first, then heads. Up to 32 splits all splits sit in each thread (sums
+        over splits in registers; spreading them over warps cost 2x: NOTES.md h9a); at 64 the
+        warps that (dims x heads) leaves over take the splits (64 floats per thread, not 256)."""
         dim_lanes = min(dims // 4, 8)
         dim_warps = max(1, min(warps, dims // (4 * dim_lanes)))
-        return gl.BlockedLayout([splits, 4, 1], [1, dim_lanes, 32 // dim_lanes], [1, dim_warps, warps // dim_warps],
-                                [1, 2, 0])
+        split_warps = 1
+        if splits > 32:
+            head_warps = max(1, min(warps // dim_warps, heads // (32 // dim_lanes)))
+            split_warps = warps // (dim_warps * head_warps)
+        return gl.BlockedLayout([splits // split_warps, 4, 1], [1, dim_lanes, 32 // dim_lanes],
+                                [split_warps, dim_warps, warps // (dim_warps * split_warps)], [1, 2, 0])
 
     @gluon.jit
     def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scale, WARPS: gl.constexpr,
                      NUM_SPLITS: gl.constexpr, SLICE: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
         """Latent dims [dim_begin, dim_begin + SLICE) of the output row: the splits' partials weighted
-        by their lse. All splits' lse and partial slices are read at once (one memory latency, 64
-        floats per thread when SLICE = 512 / next_power_of_2(NUM_SPLITS)); each thread holds every
-        split of its elements, so the sums over splits stay in registers."""
+        by their lse. All splits' lse and partial slices are read at once (one memory latency, 64-128
+        floats per thread when SLICE = 512 / next_power_of_2(NUM_SPLITS)); up to 32 splits each
+        thread holds every split of its elements, so the sums over splits stay in registers."""
         LAYOUT: gl.constexpr = _merge_layout(triton.next_power_of_2(NUM_SPLITS), SLICE, NUM_HEADS, WARPS)
         splits = gl.arange(0, triton.next_power_of_2(NUM_SPLITS), layout=gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT)))
         dims = gl.arange(0, SLICE, layout=gl.SliceLayout(0, gl.SliceLayout(2, LAYOUT)))
@@ -1423,24 +1430,25 @@ if HAVE_GLUON:
         if NUM_SPLITS > 1:
             gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, S_MMA)), lse)
             gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-            arrived = gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") + 1
             SLICE: gl.constexpr = LATENT // triton.next_power_of_2(NUM_SPLITS)
             if COOPERATIVE_MERGE:
-                # Every split of the row is resident (the host checked the grid fits the GPU), so all
-                # wait for the last and then each merges 1/NUM_SPLITS of the dims: the merge's reads
-                # spread over NUM_SPLITS SMs instead of one (one SM reading 32 partials of 32 KiB
-                # took 13 us at bs=4/kv=8192). A second ticket counts the departures; the last
-                # program out resets both for the next call.
-                while arrived < NUM_SPLITS:
-                    arrived = gl.atomic_add(SPLIT_TICKETS + batch, 0, sem="acquire")
+                # Every split of the row is resident (the host checked the grid fits the GPU at once),
+                # so all wait for the last and then each merges 1/NUM_SPLITS of the dims: the merge's
+                # reads spread over NUM_SPLITS SMs instead of one (one SM reading 32 partials of 32 KiB
+                # took 13 us at bs=4/kv=8192). The row's counter (second half of the tickets) is never
+                # reset: each call adds NUM_SPLITS, so this call's last ticket is the next multiple of
+                # NUM_SPLITS above the one drawn (a power of two: the mask and the signed difference
+                # stay right when the counter wraps). No departure count, no reset on the way out.
+                counter = SPLIT_TICKETS + gl.num_programs(0) + batch
+                drawn = gl.atomic_add(counter, 1, sem="acq_rel")
+                last_ticket = (drawn & (-NUM_SPLITS)) + NUM_SPLITS
+                seen = drawn + 1
+                while seen - last_ticket < 0:
+                    seen = gl.atomic_add(counter, 0, sem="acquire")
                 _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, split * SLICE, kv_scale, WARPS,
                              NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
-                gl.thread_barrier()
-                departures = SPLIT_TICKETS + gl.num_programs(0) + batch
-                if gl.atomic_add(departures, 1, sem="acq_rel") == NUM_SPLITS - 1:
-                    gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
-                    gl.atomic_xchg(departures, 0)
-            elif arrived == NUM_SPLITS:  # the last split of the row merges it all
+            elif gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
+                # the last split of the row merges it all and resets the row's ticket
                 for dim_begin in range(0, LATENT, SLICE):
                     _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, dim_begin, kv_scale, WARPS,
                                  NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
@@ -1515,16 +1523,35 @@ def kv_descriptors(kv_fp8):
 
 
 _SM_COUNTS = {}  # device -> streaming multiprocessors
-COOPERATIVE_SPLITS = (2, 4, 8, 16, 32)  # split counts whose splits can each merge 512 / splits dims
+COOPERATIVE_SPLITS = (2, 4, 8, 16, 32, 64)  # split counts whose splits can each merge 512 / splits dims
+SM90_REGISTERS_PER_SM = 65536
+SM90_SHARED_PER_SM = 228 * 1024  # bytes; the system reserves 1 KiB of it per resident program
 
 
-def cooperative_merge_fits(batch, num_splits, device):
+def hopper_shared_bytes_bound(num_stages):
+    """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 B per slot),
+    q (16 x 576 B), P^T (32 x 64 B), the barriers and 8 KiB for the compiler's scratch
+    (tests/test_kernel_report.py checks the sm_90 compile stays under it)."""
+    return num_stages * 64 * QK_HEAD_DIM + NUM_HEADS * QK_HEAD_DIM + 2 * NUM_HEADS * 64 + 8 * num_stages + 8192
+
+
+def hopper_programs_per_sm(num_warps, num_stages):
+    """Programs of the Hopper kernel an SM holds at once whatever ptxas allocates: registers (at
+    most 256 per thread: 2 programs of 4 warps, 1 of 8) and shared memory (the bound above)."""
+    by_registers = SM90_REGISTERS_PER_SM // (num_warps * 32 * 256)
+    by_shared = SM90_SHARED_PER_SM // (hopper_shared_bytes_bound(num_stages) + 1024)
+    return max(1, min(by_registers, by_shared))
+
+
+def cooperative_merge_fits(batch, num_splits, device, num_warps=4, num_stages=2):
     """Whether the splits of a row may merge together (each waits for all of its row's splits): only
-    when every program of the grid can be resident at once (one per SM, whatever else runs), with a
-    power-of-two split count of 2-32 (each merges 512 / num_splits dims)."""
+    when every program of the grid is resident at once on an otherwise idle GPU (SMs x
+    hopper_programs_per_sm: two per SM at 4 warps and 2 ring slots), with a power-of-two split count
+    of 2-64 (each merges 512 / num_splits dims)."""
     if device not in _SM_COUNTS:
         _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return num_splits in COOPERATIVE_SPLITS and batch * num_splits <= _SM_COUNTS[device]
+    capacity = _SM_COUNTS[device] * hopper_programs_per_sm(num_warps, num_stages)
+    return num_splits in COOPERATIVE_SPLITS and batch * num_splits <= capacity
 
 
 def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num_warps=4, num_stages=2,
@@ -1548,7 +1575,8 @@ def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num
            (q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
            (config["sm_scale"] * LOG2E, q.stride(0), out.stride(0)),
            {"FP8_MAX": torch.finfo(kv_fp8.dtype).max, "NUM_SPLITS": num_splits, "STAGES": num_stages, "WARPS": num_warps,
-            "COOPERATIVE_MERGE": cooperative_merge and cooperative_merge_fits(batch, num_splits, q.device)},
+            "COOPERATIVE_MERGE": cooperative_merge and cooperative_merge_fits(batch, num_splits, q.device, num_warps,
+                                                                              num_stages)},
            num_warps, 1)
     return out
 

@@ -1,5 +1,5 @@
 """One device call (an sm_90 GPU): checks submission.hopper_fp8_route (the Gluon kernel: TMA, fp8
-wgmma for both products, V^T from registers) against the reference: three leaderboard
+wgmma for both products, V^T from registers) against the reference: four leaderboard
 shapes x split counts x kernel configs (mismatch, rel. L2 vs float64 within 1.25x the reference's,
 two calls bit-identical, not zero), then variable lengths (1, 7, 63-65, 2049 ...; split counts that
 leave empty splits), then q rows away from row = batch (the kernel's speculative q read). With --time, also times a split x config grid on the 8 leaderboard shapes like
@@ -39,12 +39,12 @@ def main():
 
     print("== checks", flush=True)
     bad = 0
-    for (batch, kv), seed in itertools.product([(4, 1024), (64, 8192), (256, 1024)], (12,)):
+    for (batch, kv), seed in itertools.product([(4, 1024), (32, 1024), (64, 8192), (256, 1024)], (12,)):
         data = reference.generate_input(batch, 1, kv, seed)
         expected = reference.ref_kernel(data)
         truth = reference.attention_float64(data)
         ref_l2 = reference.rel_l2_error(expected, truth)
-        for splits, cfg in itertools.product((1, 4, 32), CONFIGS):
+        for splits, cfg in itertools.product((1, 4, 8, 32, 64), CONFIGS):
             out = submission.hopper_fp8_route(*data, num_splits=splits, **cfg)
             again = submission.hopper_fp8_route(*data, num_splits=splits, **cfg)
             mm = reference.mismatch_ratio(out, expected)

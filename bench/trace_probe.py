@@ -90,7 +90,8 @@ def median(values):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shapes", default="4x1024,4x8192,32x1024,64x1024,64x8192,256x1024,256x8192")
+    parser.add_argument("--shapes", default="4x1024,4x8192,32x1024,64x1024,64x8192,256x1024,256x8192",
+                        help="BSxKV[:SPLITS], comma-separated (SPLITS overrides the table row's split count)")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     path = os.path.join(tempfile.mkdtemp(), "traced_submission.py")  # kept: Triton reads jit sources
@@ -101,10 +102,13 @@ def main():
     print("bs/kv: row | event us | span us | last start us | per program (median): prologue, loop, "
           "stores, merge+end us | per tile ns: wait, S^T, softmax+P, P.V | tiles")
     for shape in args.shapes.split(","):
+        shape, _, splits = shape.partition(":")
         batch, kv = map(int, shape.split("x"))
         data = reference.generate_input(batch, 1, kv, 7)
         row = module.select_route(batch, kv, True, module.TRITON_ROUTE_TABLE)
         assert row["route"] == "hopper_fp8", row
+        if splits:
+            row = dict(row, params=dict(row["params"], num_splits=int(splits)))
         programs = batch * row["params"].get("num_splits", 1)
         module.TRACE_BUFFER = torch.zeros(programs * SLOTS, dtype=torch.int64, device="cuda")
         call = lambda: module.hopper_fp8_route(*data, **row["params"])  # noqa: E731

@@ -91,7 +91,7 @@ def test_compile_plans_are_for_sm90_only_and_cover_both_merges():
     for plan in plans:
         assert plan["targets"] == ["sm90"] and plan["kernel"] is submission._mla_decode_fp8_hopper_kernel
         assert plan["constexprs"]["NUM_SPLITS"] == 4 and plan["num_warps"] == 4
-    for params in ({"num_splits": 3}, {"num_splits": 1}, {"num_splits": 64},
+    for params in ({"num_splits": 3}, {"num_splits": 1}, {"num_splits": 128},
                    {"num_splits": 4, "cooperative_merge": False}):
         [plan] = submission.triton_compile_plan("hopper_fp8", params)
         assert plan["constexprs"]["COOPERATIVE_MERGE"] is False
@@ -100,9 +100,30 @@ def test_compile_plans_are_for_sm90_only_and_cover_both_merges():
 def test_cooperative_merge_only_when_every_program_fits_at_once(monkeypatch):
     monkeypatch.setitem(submission._SM_COUNTS, "gpu", 132)
     fits = submission.cooperative_merge_fits
+    # 4 warps, 2 ring slots: two programs per SM (registers <= 256 per thread, shared <= 114 KiB)
+    assert submission.hopper_programs_per_sm(4, 2) == 2
     assert fits(4, 32, "gpu") and fits(32, 4, "gpu") and fits(66, 2, "gpu")
-    assert not fits(64, 4, "gpu")  # 256 programs > 132 SMs: some could wait for a spinning one
-    assert not fits(4, 1, "gpu") and not fits(4, 3, "gpu") and not fits(1, 64, "gpu")
+    assert fits(64, 4, "gpu") and fits(32, 8, "gpu") and fits(8, 32, "gpu")  # 256 programs <= 264
+    assert fits(33, 8, "gpu") and not fits(34, 8, "gpu") and not fits(256, 2, "gpu")  # some program could wait for a spinning one
+    # one program per SM: 8 warps (registers) or 3 ring slots (shared memory)
+    assert submission.hopper_programs_per_sm(8, 2) == 1 and submission.hopper_programs_per_sm(4, 3) == 1
+    assert fits(32, 4, "gpu", 4, 3) and not fits(64, 4, "gpu", 4, 3) and not fits(64, 4, "gpu", 8, 2)
+    assert not fits(4, 1, "gpu") and not fits(4, 3, "gpu") and not fits(1, 128, "gpu") and fits(4, 64, "gpu")
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="this Triton has no Gluon: no Hopper kernel")
+def test_cooperative_merge_grid_rule_is_the_routes(monkeypatch):
+    """The route passes its own warps and ring slots to the rule: a 256-program grid merges
+    cooperatively at 4 warps x 2 slots and not at 3 slots."""
+    launched = []
+    monkeypatch.setitem(submission._SM_COUNTS, torch.device("cpu"), 132)
+    monkeypatch.setattr(submission, "launch", lambda kernel, grid, tensors, scalars, constexprs, *a: launched.append(
+        (grid, constexprs["COOPERATIVE_MERGE"])))
+    monkeypatch.setattr(submission, "kv_descriptors", lambda kv: (None, None))
+    data = reference.generate_input(64, 1, 64, 3, device="cpu")
+    for stages in (2, 3):
+        submission.hopper_fp8_route(*data, num_splits=4, num_stages=stages)
+    assert launched == [((64, 4), True), ((64, 4), False)]
 
 
 def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch):
@@ -177,19 +198,22 @@ def test_p_order_and_output_rows_match_the_v_relabelling(warps):
 
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
-@pytest.mark.parametrize("num_splits", (2, 3, 4, 8, 16, 32))
+@pytest.mark.parametrize("num_splits", (2, 3, 4, 8, 16, 32, 64))
 def test_merge_layout_keeps_splits_in_thread_within_128_floats(num_splits):
-    """_merge_slice loads (splits x 512/next_pow2(splits) dims x 16 heads) at once: every split of
-    an element in one thread (sums over splits without shared memory), at most 128 floats each."""
+    """_merge_slice loads (splits x 512/next_pow2(splits) dims x 16 heads) at once: up to 32 splits
+    every split of an element in one thread (sums over splits without shared memory), at 64 the
+    four warps over splits; at most 128 floats per thread either way."""
     splits = 1 << math.ceil(math.log2(num_splits))
     dims = 512 // splits
     layout = submission._merge_layout(splits, dims, 16, 4)
-    assert layout.size_per_thread[0] == splits and layout.threads_per_warp[0] == 1
-    assert layout.warps_per_cta[0] == 1
+    split_warps = 4 if splits == 64 else 1
+    assert layout.warps_per_cta[0] == split_warps and layout.threads_per_warp[0] == 1
+    assert layout.size_per_thread[0] == splits // split_warps
     dims_per_pass = 4 * layout.threads_per_warp[1] * layout.warps_per_cta[1]
     heads_per_pass = layout.threads_per_warp[2] * layout.warps_per_cta[2]
-    per_thread = splits * 4 * max(1, dims // dims_per_pass) * max(1, 16 // heads_per_pass)
+    per_thread = splits // split_warps * 4 * max(1, dims // dims_per_pass) * max(1, 16 // heads_per_pass)
     assert per_thread <= 128, (num_splits, layout, per_thread)
+    assert math.prod(layout.warps_per_cta) == 4 and math.prod(layout.threads_per_warp) == 32
 
 
 def _xor_span(bases, index):

@@ -151,6 +151,13 @@ def test_hopper_kernel_compiles_for_sm90_only_with_both_products_in_fp8(report):
     for r in hopper:
         assert r["compiled"] and r["mma"]["loop"], kr.describe_record(r)
         assert all(kr.is_fp8_mma(kind) for kind in r["mma"]["loop"]), kr.describe_record(r)
+        # the cooperative merge's residency rule holds for the compiled kernel: shared memory
+        # within the route's bound, and as many resident programs per SM as the rule assumes
+        import submission
+        stages, warps = r["all_constexprs"]["STAGES"], r["all_constexprs"]["WARPS"]
+        assert r["lds_bytes"] <= submission.hopper_shared_bytes_bound(stages), kr.describe_record(r)
+        resident = r["occupancy"]["resident"] // r["num_warps"]
+        assert resident >= submission.hopper_programs_per_sm(warps, stages), kr.describe_record(r)
 
 
 def test_mxfp4_route_uses_scaled_mfma_on_gfx950(report):
