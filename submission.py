@@ -1239,26 +1239,23 @@ if HAVE_GLUON:
 
     @triton.constexpr_function
     def _merge_layout(splits, dims, heads, warps):
-        """(splits x dims x heads) of partials: 4 contiguous dims per thread (16-byte loads), lanes
-        and warps over dims first, then heads. Up to 32 splits all splits sit in each thread (sums
-        over splits in registers; spreading them over warps cost 2x: NOTES.md h9a); at 64 the
-        warps that (dims x heads) leaves over take the splits (64 floats per thread, not 256)."""
-        dim_lanes = min(dims // 4, 8)
-        dim_warps = max(1, min(warps, dims // (4 * dim_lanes)))
-        split_warps = 1
-        if splits > 32:
-            head_warps = max(1, min(warps // dim_warps, heads // (32 // dim_lanes)))
-            split_warps = warps // (dim_warps * head_warps)
-        return gl.BlockedLayout([splits // split_warps, 4, 1], [1, dim_lanes, 32 // dim_lanes],
-                                [split_warps, dim_warps, warps // (dim_warps * split_warps)], [1, 2, 0])
+        """(splits x dims x heads) of partials, 64 floats per thread for 128 threads: all splits in
+        each thread (the sums over splits stay in registers; spreading splits over warps cost 2x:
+        NOTES.md h9a), 64 / splits contiguous dims (at most 4: 16-byte loads; 2 at 32 splits, 1 at
+        64), lanes and warps over dims first, then heads; no element held twice."""
+        per_thread = min(4, max(1, 64 // splits))
+        dim_lanes = min(dims // per_thread, 8)
+        dim_warps = max(1, min(warps, dims // (per_thread * dim_lanes)))
+        return gl.BlockedLayout([splits, per_thread, 1], [1, dim_lanes, 32 // dim_lanes],
+                                [1, dim_warps, warps // dim_warps], [1, 2, 0])
 
     @gluon.jit
     def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scale, WARPS: gl.constexpr,
                      NUM_SPLITS: gl.constexpr, SLICE: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
         """Latent dims [dim_begin, dim_begin + SLICE) of the output row: the splits' partials weighted
-        by their lse. All splits' lse and partial slices are read at once (one memory latency, 64-128
-        floats per thread when SLICE = 512 / next_power_of_2(NUM_SPLITS)); up to 32 splits each
-        thread holds every split of its elements, so the sums over splits stay in registers."""
+        by their lse. All splits' lse and partial slices are read at once (one memory latency, 64
+        floats per thread at 4 warps when SLICE = 512 / next_power_of_2(NUM_SPLITS)); each thread
+        holds every split of its elements, so the sums over splits stay in registers."""
         LAYOUT: gl.constexpr = _merge_layout(triton.next_power_of_2(NUM_SPLITS), SLICE, NUM_HEADS, WARPS)
         splits = gl.arange(0, triton.next_power_of_2(NUM_SPLITS), layout=gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT)))
         dims = gl.arange(0, SLICE, layout=gl.SliceLayout(0, gl.SliceLayout(2, LAYOUT)))
@@ -1346,14 +1343,17 @@ if HAVE_GLUON:
                        t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
         if q_row != batch:
             q0, q1, q2, q3, qr = _load_q(Q, q_row, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
-        amax = gl.maximum(gl.maximum(gl.max(gl.max(gl.abs(q0), 1), 0), gl.max(gl.max(gl.abs(q1), 1), 0)),
-                          gl.maximum(gl.max(gl.max(gl.abs(q2), 1), 0), gl.max(gl.max(gl.abs(q3), 1), 0)))
-        q_scale = gl.maximum(gl.maximum(amax, gl.max(gl.max(gl.abs(qr), 1), 0)), 1e-12) / FP8_MAX
-        q_latent.index(0).store((q0 / q_scale).to(gl.float8e4nv))
-        q_latent.index(1).store((q1 / q_scale).to(gl.float8e4nv))
-        q_latent.index(2).store((q2 / q_scale).to(gl.float8e4nv))
-        q_latent.index(3).store((q3 / q_scale).to(gl.float8e4nv))
-        q_rope.store((qr / q_scale).to(gl.float8e4nv))
+        # amax: the chunks' elementwise max first, so that one reduction crosses the warps (five
+        # cost ten more barriers); then one reciprocal instead of 72 divisions per thread
+        latent_amax = gl.max(gl.maximum(gl.maximum(gl.abs(q0), gl.abs(q1)), gl.maximum(gl.abs(q2), gl.abs(q3))), 1)
+        amax = gl.maximum(gl.max(gl.maximum(latent_amax, gl.max(gl.abs(qr), 1)), 0), 1e-12)
+        q_scale = amax / FP8_MAX
+        q_inverse = FP8_MAX / amax
+        q_latent.index(0).store((q0 * q_inverse).to(gl.float8e4nv))
+        q_latent.index(1).store((q1 * q_inverse).to(gl.float8e4nv))
+        q_latent.index(2).store((q2 * q_inverse).to(gl.float8e4nv))
+        q_latent.index(3).store((q3 * q_inverse).to(gl.float8e4nv))
+        q_rope.store((qr * q_inverse).to(gl.float8e4nv))
         fence_async_shared()
         score_scale = sm_scale_log2 * kv_scale * q_scale
 

@@ -2,8 +2,10 @@
 wgmma for both products, V^T from registers) against the reference: four leaderboard
 shapes x split counts x kernel configs (mismatch, rel. L2 vs float64 within 1.25x the reference's,
 two calls bit-identical, not zero), then variable lengths (1, 7, 63-65, 2049 ...; split counts that
-leave empty splits), then q rows away from row = batch (the kernel's speculative q read). With --time, also times a split x config grid on the 8 leaderboard shapes like
-the runner (L2 flushed, CUDA events around one call) beside the submission; short table last.
+leave empty splits), then q rows away from row = batch (the kernel's speculative q read), then the
+cooperative merge across its counters' int32 wrap. With --time, also times a split x config grid on
+the 8 leaderboard shapes like the runner (L2 flushed, CUDA events around one call) beside the
+submission; short table last.
 
     python bench/hopper_probe.py [--time] [--repeats 20]
 """
@@ -82,6 +84,20 @@ def main():
         bad += mm > 0.005
         if mm > 0.005:
             print(f"q rows at 2b+1, splits {splits} {cfg}: mismatch {mm:.4f} FAIL", flush=True)
+    # The cooperative merge's counters only grow (num_splits per call): right across the int32 wrap.
+    # Two calls before it, two after; results bit-identical, counters where the arithmetic says.
+    for batch, kv, splits in ((4, 1024, 16), (32, 1024, 8)):
+        data = reference.generate_input(batch, 1, kv, 9)
+        assert submission.cooperative_merge_fits(batch, splits, data[0].device)
+        first = submission.hopper_fp8_route(*data, num_splits=splits)
+        counters = submission.split_workspace(batch, splits, data[0].device)[2][batch:]
+        counters.fill_(2**31 - 2 * splits)
+        same = [torch.equal(submission.hopper_fp8_route(*data, num_splits=splits), first) for _ in range(4)]
+        wrapped = counters.eq(-2**31 + 2 * splits).all().item()
+        ok = all(same) and wrapped and reference.mismatch_ratio(first, reference.ref_kernel(data)) <= 0.005
+        bad += not ok
+        print(f"bs{batch} kv{kv} splits{splits} across the counter wrap: equal {same}, counters wrapped {wrapped} "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
     print(f"checks: {bad} failing, {time.time() - t0:.0f} s", flush=True)
     if bad or not args.time:
         sys.exit(1 if bad else 0)

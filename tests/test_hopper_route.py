@@ -199,20 +199,20 @@ def test_p_order_and_output_rows_match_the_v_relabelling(warps):
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
 @pytest.mark.parametrize("num_splits", (2, 3, 4, 8, 16, 32, 64))
-def test_merge_layout_keeps_splits_in_thread_within_128_floats(num_splits):
-    """_merge_slice loads (splits x 512/next_pow2(splits) dims x 16 heads) at once: up to 32 splits
-    every split of an element in one thread (sums over splits without shared memory), at 64 the
-    four warps over splits; at most 128 floats per thread either way."""
+def test_merge_layout_keeps_splits_in_thread_64_floats_none_twice(num_splits):
+    """_merge_slice loads (splits x 512/next_pow2(splits) dims x 16 heads) at once: every split of an
+    element in one thread (sums over splits without shared memory), 64 floats per thread at 4 warps,
+    and the 128 threads tile the slice exactly (no element loaded twice)."""
     splits = 1 << math.ceil(math.log2(num_splits))
     dims = 512 // splits
     layout = submission._merge_layout(splits, dims, 16, 4)
-    split_warps = 4 if splits == 64 else 1
-    assert layout.warps_per_cta[0] == split_warps and layout.threads_per_warp[0] == 1
-    assert layout.size_per_thread[0] == splits // split_warps
-    dims_per_pass = 4 * layout.threads_per_warp[1] * layout.warps_per_cta[1]
+    assert layout.size_per_thread[0] == splits and layout.threads_per_warp[0] == 1
+    assert layout.warps_per_cta[0] == 1
+    dims_per_pass = layout.size_per_thread[1] * layout.threads_per_warp[1] * layout.warps_per_cta[1]
     heads_per_pass = layout.threads_per_warp[2] * layout.warps_per_cta[2]
-    per_thread = splits // split_warps * 4 * max(1, dims // dims_per_pass) * max(1, 16 // heads_per_pass)
-    assert per_thread <= 128, (num_splits, layout, per_thread)
+    assert dims % dims_per_pass == 0 and 16 % heads_per_pass == 0, (num_splits, layout)  # no replication
+    per_thread = splits * layout.size_per_thread[1] * (dims // dims_per_pass) * (16 // heads_per_pass)
+    assert per_thread == 64, (num_splits, layout, per_thread)
     assert math.prod(layout.warps_per_cta) == 4 and math.prod(layout.threads_per_warp) == 32
 
 
