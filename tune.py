@@ -1098,7 +1098,9 @@ def _parser():
                    help="table to write (default: AITER_ROUTE_TABLE when aiter routes were tuned)")
     p.add_argument("--submission", default=os.path.join(HERE, "submission.py"))
     p.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if any)")
-    p.add_argument("--l2-flush", default="default", choices=("default", "runner", "none"))
+    p.add_argument("--l2-flush", default="default", choices=("default", "runner", "none"),
+                   help="default: zero 512 MiB (fast; does not hide host time); runner: the runner's "
+                        "62.5 GiB randn (15 ms per call; times as the leaderboard sees them)")
     p.add_argument("--top", type=int, default=None, help="print only the N best configurations per case")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -1161,6 +1163,10 @@ def _main(args, started):
     if not on_gpu:
         print("NOTE: no GPU here: Triton kernels run in the interpreter and times come from "
               "perf_counter. CPU times mean nothing; only the checks count.")
+    elif args.l2_flush != "runner" and args.write:
+        print("NOTE: the runner's 62.5 GiB flush hides the host time of a call, this flush does not: "
+              "a slow host moment shows in these times (one H200 tune under it picked a route 1.6x "
+              "slower under the runner's flush: NOTES.md). For a table to submit, --l2-flush runner.")
     copy_gbs = utils.copy_bandwidth(device)
     print(f"copy bandwidth: {copy_gbs:.0f} GB/s (read + write){' (CPU)' if not on_gpu else ''}")
 
