@@ -31,6 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import submission  # noqa: E402
 from tools import kernel_report as kr  # noqa: E402
 
 MODULE_CANDIDATES = ("submission.py",)
@@ -153,7 +154,6 @@ def test_hopper_kernel_compiles_for_sm90_only_with_both_products_in_fp8(report):
         assert all(kr.is_fp8_mma(kind) for kind in r["mma"]["loop"]), kr.describe_record(r)
         # the cooperative merge's residency rule holds for the compiled kernel: shared memory
         # within the route's bound, and as many resident programs per SM as the rule assumes
-        import submission
         stages, warps = r["all_constexprs"]["STAGES"], r["all_constexprs"]["WARPS"]
         assert r["lds_bytes"] <= submission.hopper_shared_bytes_bound(stages), kr.describe_record(r)
         resident = r["occupancy"]["resident"] // r["num_warps"]
