@@ -3,11 +3,12 @@ wgmma for both products, V^T from registers) against the reference: four leaderb
 shapes x split counts x kernel configs (mismatch, rel. L2 vs float64 within 1.25x the reference's,
 two calls bit-identical, not zero), then variable lengths (1, 7, 63-65, 2049 ...; split counts that
 leave empty splits), then q rows away from row = batch (the kernel's speculative q read), then the
-cooperative merge across its counters' int32 wrap. With --time, also times a split x config grid on
+cooperative merge across its counters' int32 wrap, then --stress calls in a row on each cooperative
+row of the table (bit-identical to the first). With --time, also times a split x config grid on
 the 8 leaderboard shapes like the runner (L2 flushed, CUDA events around one call) beside the
 submission; short table last.
 
-    python bench/hopper_probe.py [--time] [--repeats 20]
+    python bench/hopper_probe.py [--time] [--repeats 20] [--stress 1000]
 """
 import argparse
 import itertools
@@ -35,6 +36,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--time", action="store_true", help="also time the grid")
+    parser.add_argument("--stress", type=int, default=1000, help="calls in a row per cooperative table row")
     args = parser.parse_args()
     t0 = time.time()
     flush = utils.L2Flusher("default")
@@ -97,6 +99,21 @@ def main():
         ok = all(same) and wrapped and reference.mismatch_ratio(first, reference.ref_kernel(data)) <= 0.005
         bad += not ok
         print(f"bs{batch} kv{kv} splits{splits} across the counter wrap: equal {same}, counters wrapped {wrapped} "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
+    # Many calls in a row on each cooperative row of the table: the merge reads other programs'
+    # partials after a ticket, so a missing acquire/release would show as an occasional difference.
+    for batch, kv in SHAPES:
+        row = submission.select_route(batch, kv, True, submission.TRITON_ROUTE_TABLE)
+        params = row["params"]
+        if row["route"] != "hopper_fp8" or not params.get("cooperative_merge") or params.get("num_splits", 1) < 2:
+            continue
+        data = reference.generate_input(batch, 1, kv, 11)
+        first = submission.hopper_fp8_route(*data, **params)
+        differing = sum(not torch.equal(submission.hopper_fp8_route(*data, **params), first)
+                        for _ in range(args.stress))
+        ok = differing == 0 and reference.mismatch_ratio(first, reference.ref_kernel(data)) <= 0.005
+        bad += not ok
+        print(f"bs{batch} kv{kv} {params}: {args.stress} calls in a row, {differing} differ from the first "
               f"{'ok' if ok else 'FAIL'}", flush=True)
     print(f"checks: {bad} failing, {time.time() - t0:.0f} s", flush=True)
     if bad or not args.time:
