@@ -1071,7 +1071,7 @@ def keyword_defaults(fn):
 
 def triton_fp8_compile_plan(params, fp8_dtype):
     p = dict(keyword_defaults(triton_fp8_route), **params)
-    return {
+    return [{
         "kernel": _mla_decode_fp8_kernel,
         "signature": {name: kind.format(fp8=fp8_dtype) for name, kind in _FP8_KERNEL_SIGNATURE.items()},
         "constexprs": {"FP8_MAX": 448.0 if fp8_dtype == "fp8e4nv" else 240.0,
@@ -1081,7 +1081,7 @@ def triton_fp8_compile_plan(params, fp8_dtype):
         # torch's pointers and the strides 576 / 512 / 16 are multiples of 16, as the JIT sees them
         "aligned_args": [name for name in _FP8_KERNEL_SIGNATURE if name != "sm_scale_log2"],
         "num_warps": p["num_warps"], "num_stages": p["num_stages"],
-    }
+    }]
 
 
 _MXFP4_KERNEL_SIGNATURE = {
@@ -1094,16 +1094,14 @@ _MXFP4_KERNEL_SIGNATURE = {
 
 def triton_mxfp4_compile_plan(params, fp8_dtype):
     p = dict(keyword_defaults(triton_mxfp4_route), **params)
-    return {
+    return [{
         "kernel": _mla_decode_mxfp4_kernel, "signature": dict(_MXFP4_KERNEL_SIGNATURE),
         "constexprs": {"NUM_SPLITS": p["num_splits"], "BLOCK_N": p["block_n"],
                        "QK_DOT_SCALED": _qk_mode(p["qk_dot_scaled"]), **keyword_defaults(_mla_decode_mxfp4_kernel)},
         # the scale row stride is 24, not a multiple of 16 as the JIT sees the others
         "aligned_args": [name for name in _MXFP4_KERNEL_SIGNATURE if name not in ("sm_scale_log2", "stride_scale_token")],
         "num_warps": p["num_warps"], "num_stages": p["num_stages"],
-    }
-
-
+    }]
 
 
 def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
@@ -1111,9 +1109,8 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
     route-table row, exactly what its route launches; "targets" (tools/kernel_report.py names)
     limits an entry to the machines its route runs on. fp8_dtype: Triton's name of the KV dtype,
     fp8e4nv (float8_e4m3fn: MI355X, NVIDIA) or fp8e4b8 (float8_e4m3fnuz: MI300)."""
-    plan = TRITON_COMPILE_PLANS.get(route)
-    entries = [] if plan is None else plan(params, fp8_dtype)
-    return entries if isinstance(entries, list) else [entries]
+    plan = TRITON_COMPILE_PLANS.get(route)  # each plan returns its list of entries
+    return [] if plan is None else plan(params, fp8_dtype)
 # ==== END TRITON ROUTES ====
 
 
@@ -1607,7 +1604,6 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
 
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
                         "hopper_fp8": hopper_fp8_compile_plan}
-
 
 
 ROUTES = {

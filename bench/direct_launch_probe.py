@@ -42,7 +42,7 @@ def main():
                 cold.append(host_us(kernel))
                 reference.generate_input(**dict(base, seed=80 + i))
                 events.append(utils.time_call(kernel, flush=flush)[1] / 1e3)
-            bench = statistics.median(utils.time_call(kernel, flush=flush)[1] / 1e3 for _ in range(20))
+            bench = utils.median_time_us(kernel, 20, flush)
             print(f"bs {batch} kv {kv_len} {name:16s} host us warm {warm:6.1f} after generate_input "
                   f"{statistics.median(cold):6.1f} | events us: benchmark {bench:7.1f} after generate_input "
                   f"{statistics.median(events):7.1f} (mean {statistics.fmean(events):7.1f})", flush=True)

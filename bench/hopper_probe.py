@@ -13,7 +13,6 @@ submission; short table last.
 import argparse
 import itertools
 import os
-import statistics
 import sys
 import time
 
@@ -123,16 +122,14 @@ def main():
     rows = []
     for batch, kv in SHAPES:
         data = reference.generate_input(batch, 1, kv, 7)
-        sub = statistics.median(utils.time_call(lambda: submission.custom_kernel(data), flush=flush)[1] / 1e3
-                                for _ in range(args.repeats))
+        sub = utils.median_time_us(lambda: submission.custom_kernel(data), args.repeats, flush)
         grid = {}
         for splits, c in itertools.product(SPLITS, range(len(CONFIGS))):
             if batch * splits > 4 * 132 or (batch >= 64 and splits > 4):
                 continue
             fn = lambda: submission.hopper_fp8_route(*data, num_splits=splits, **CONFIGS[c])
             fn()
-            grid[(splits, c)] = statistics.median(utils.time_call(fn, flush=flush)[1] / 1e3
-                                                       for _ in range(args.repeats))
+            grid[(splits, c)] = utils.median_time_us(fn, args.repeats, flush)
         best = min(grid, key=grid.get)
         rows.append((batch, kv, sub, grid[best], best))
         print(f"bs{batch} kv{kv}: submission {sub:.1f}  gluon " +

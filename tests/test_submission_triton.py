@@ -164,14 +164,12 @@ def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
     """Triton's dispatch for a new key (alignment, strides, constexprs), the compiled kernel's
     launcher afterwards, with every constexpr (defaults included) in signature order; never
     direct while a launch hook is installed."""
-    import types
-
     compiled = _FakeCompiled()
     kernel = _FakeKernel(compiled)
     monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(submission, "keyword_defaults", lambda k: {"M": 7})
     monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=42))
+    monkeypatch.setattr(submission, "_raw_stream", lambda device: 42)  # the same on a machine with CUDA
     monkeypatch.setattr(submission, "_COMPILED", {})
     storage = torch.zeros(64)
     a, b = storage[:16], storage[16:32]
