@@ -117,10 +117,11 @@ TRITON_ROUTE_TABLE = [
 ]
 # END ROUTE TABLES
 # Configurations a table may select besides its rows (tools/kernel_report.py compiles these too):
-# the fused MXFP4 route and the Hopper route (sm_90 only), chosen by tune.py where they win.
+# the fused MXFP4 route and the Hopper routes (sm_90 only), chosen by tune.py where they win.
 TRITON_EXTRA_CONFIGS = [
     {"route": "triton_mxfp4", "params": {}},
     {"route": "hopper_fp8", "params": {}},
+    {"route": "hopper_mxfp4", "params": {}},
 ]
 # ---------------------------------------------------------------------------------------------
 
@@ -1275,10 +1276,10 @@ if HAVE_GLUON:
     @gluon.jit
     def _mla_decode_fp8_hopper_kernel(
         Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
-        sm_scale_log2, stride_q_token, stride_o_token,
+        BLOCK_SCALES, sm_scale_log2, stride_q_token, stride_o_token, stride_scales,
         FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-        COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
-        ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+        COOPERATIVE_MERGE: gl.constexpr = False, KV_MXFP4: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16,
+        LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
     ):
         """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
         _mla_decode_fp8_kernel (same partials, lse and tickets; same results within rounding).
@@ -1298,7 +1299,13 @@ if HAVE_GLUON:
         NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split; the last split of the row
         merges them, or with COOPERATIVE_MERGE (only when the whole grid is resident at once) every
         split waits for the row's last and merges 512 / NUM_SPLITS of the dims.
-        Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0;
+        KV_MXFP4: the ring holds the MXFP4 cache instead (64 tokens x 288 packed bytes: 4 boxes of
+        64 bytes + 1 of 32; the block scales, 18 bytes per token, are read from BLOCK_SCALES one
+        tile ahead into registers), and each tile is decoded into one fp8 tile of the fp8 layout
+        (_decode_mxfp4_tile: exact, e2m1 x 2^(block exponent - shift) fits e4m3) that the rest of
+        the tile reads as above. KV_SCALE is then the fp8 cache's per-tensor scale, used only as a
+        range hint: shift puts the cache's largest block at the top of e4m3's range.
+        Bytes: 576 per KV token (306 with KV_MXFP4) read once (tokens past the split are read but masked: p = 0;
         past the cache TMA reads zeros); q; out; per split a 32 KiB float32 partial."""
         NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
         gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
@@ -1309,7 +1316,11 @@ if HAVE_GLUON:
         # indptrs and q. Decode has one query row per batch row (qo_indptr = arange), so q is read
         # at row `batch` before qo_indptr answers and again only if it says otherwise: the prologue
         # waits for one memory latency instead of three (measured: 3.3-7 us per program before).
-        kv_scale = gl.load(KV_SCALE)
+        if KV_MXFP4:
+            shift = _mxfp4_exponent_shift(gl.load(KV_SCALE) * FP8_MAX)
+            kv_scale = ((gl.minimum(gl.maximum(shift + 127, 1), 254)) << 23).to(gl.float32, bitcast=True)
+        else:
+            kv_scale = gl.load(KV_SCALE)
         q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
         q_row = gl.load(QO_INDPTR + batch)
         kv_begin, kv_end = _split_range(KV_INDPTR, batch, split, NUM_SPLITS, BLOCK_N)
@@ -1320,9 +1331,26 @@ if HAVE_GLUON:
         O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, 2 * NUM_HEADS, 32])
 
-        kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
-                                              lat_desc.layout)
-        kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
+        if KV_MXFP4:  # packed ring (int32 words: 8 e2m1 values each) + one decoded fp8 tile
+            ring_latent = gl.allocate_shared_memory(gl.int32, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK // 8],
+                                                    lat_desc.layout)
+            ring_rope = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, ROPE // 8], rope_desc.layout)
+            kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CHUNKS, BLOCK_N, CHUNK],
+                                                  gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], gl.float8e4nv))
+            kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [1, BLOCK_N, ROPE],
+                                                gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], gl.float8e4nv))
+            TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) // 2
+            BOX_COLUMNS: gl.constexpr = CHUNK // 8  # TMA coordinates are in int32 words
+            ROPE_COLUMN: gl.constexpr = LATENT // 8
+        else:  # the ring is read by the MMAs directly
+            kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
+                                                  lat_desc.layout)
+            kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
+            ring_latent = kv_latent
+            ring_rope = kv_rope
+            TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE)
+            BOX_COLUMNS: gl.constexpr = CHUNK
+            ROPE_COLUMN: gl.constexpr = LATENT
         loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for ring_slot in gl.static_range(STAGES):
             mbarrier.init(loaded.index(ring_slot), count=1)
@@ -1334,10 +1362,9 @@ if HAVE_GLUON:
                                             gl.NVMMASharedLayout.get_default_for([2 * NUM_HEADS, BLOCK_N], gl.float8e4nv))
 
         # Start the first STAGES - 1 tile loads, then quantise q while they fly.
-        TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE)
         for t in gl.static_range(STAGES - 1):
-            _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, kv_begin + t * BLOCK_N,
-                       t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+            _load_tile(lat_desc, rope_desc, ring_latent, ring_rope, loaded.index(t), t, kv_begin + t * BLOCK_N,
+                       t < num_tiles, TILE_BYTES, NUM_CHUNKS, BOX_COLUMNS, ROPE_COLUMN)
         if q_row != batch:
             q0, q1, q2, q3, qr = _load_q(Q, q_row, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
         # amax: the chunks' elementwise max first, so that one reduction crosses the warps (five
@@ -1364,13 +1391,25 @@ if HAVE_GLUON:
         acc3 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
         tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
         no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
+        if KV_MXFP4:
+            next_scales = _load_block_scales(BLOCK_SCALES, stride_scales, kv_begin, kv_end, WARPS, BLOCK_N)
         for i in range(num_tiles):
             gl.thread_barrier()  # every warp is done with the slot the next load overwrites
             ahead = i + STAGES - 1
-            _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(ahead % STAGES), ahead % STAGES,
-                       kv_begin + ahead * BLOCK_N, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+            _load_tile(lat_desc, rope_desc, ring_latent, ring_rope, loaded.index(ahead % STAGES), ahead % STAGES,
+                       kv_begin + ahead * BLOCK_N, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, BOX_COLUMNS, ROPE_COLUMN)
             slot = i % STAGES
+            if KV_MXFP4:
+                tile_scales = next_scales
+                next_scales = _load_block_scales(BLOCK_SCALES, stride_scales, kv_begin + (i + 1) * BLOCK_N, kv_end,
+                                                 WARPS, BLOCK_N)
             mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)
+            if KV_MXFP4:
+                _decode_mxfp4_tile(ring_latent, ring_rope, slot, tile_scales, shift, kv_latent, kv_rope, WARPS,
+                                   NUM_CHUNKS)
+                fence_async_shared()
+                gl.thread_barrier()  # the whole fp8 tile is written before the MMAs read it
+                slot = 0
             first = slot * NUM_CHUNKS
             scores = warpgroup_mma_wait(0, deps=(_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores,
                                                                NUM_CHUNKS),))
@@ -1476,46 +1515,162 @@ if HAVE_GLUON:
                                    is_async=True)
         return warpgroup_mma(kv_rope.index(slot), q_rope.permute((1, 0)), scores, is_async=True)
 
+    # e2m1 -> e4m3, 8 values at a time. An MXFP4 block is 32 e2m1 codes (0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+    # a sign bit) times 2^k; every value of a block with -8 <= k - shift <= 6 is an e4m3 number, so
+    # the decode is exact: per block, the 8 magnitudes x 2^(k - shift) as e4m3 bytes (two 32-bit
+    # registers, converted once with the hardware's satfinite rounding); per 32-bit word of packed
+    # codes (8 values, the even index in the low nibble), a byte-permute looks each magnitude up
+    # (prmt: 4 selector nibbles pick 4 of the 8 table bytes) and the sign bit is put back (the
+    # permute's sign-replicate mode, a shift and a three-input OR): 12 instructions per 8 values.
+    _E2M1_TABLE_ASM = gl.constexpr("""{
+    .reg .b16 q0, q1, q2, q3;
+    .reg .f32 z, h, x15, x2, x3, x4, x6;
+    mov.f32 z, 0f00000000;
+    mul.f32 h, $2, 0f3F000000;
+    mul.f32 x15, $2, 0f3FC00000;
+    mul.f32 x2, $2, 0f40000000;
+    mul.f32 x3, $2, 0f40400000;
+    mul.f32 x4, $2, 0f40800000;
+    mul.f32 x6, $2, 0f40C00000;
+    cvt.rn.satfinite.e4m3x2.f32 q0, h, z;
+    cvt.rn.satfinite.e4m3x2.f32 q1, x15, $2;
+    cvt.rn.satfinite.e4m3x2.f32 q2, x3, x2;
+    cvt.rn.satfinite.e4m3x2.f32 q3, x6, x4;
+    mov.b32 $0, {q0, q1};
+    mov.b32 $1, {q2, q3};
+    }""")
+    _E2M1_DECODE_ASM = gl.constexpr("""{
+    .reg .b32 sel, mag, sgn, upper, k80;
+    mov.b32 k80, 0x80808080;
+    and.b32 sel, $2, 0x7777;
+    prmt.b32 mag, $3, $4, sel;
+    prmt.b32 sgn, k80, k80, $2;
+    shl.b32 sgn, sgn, 1;
+    lop3.b32 $0, mag, sgn, k80, 0xF8;
+    shr.u32 upper, $2, 16;
+    and.b32 sel, upper, 0x7777;
+    prmt.b32 mag, $3, $4, sel;
+    prmt.b32 sgn, k80, k80, upper;
+    shl.b32 sgn, sgn, 1;
+    lop3.b32 $1, mag, sgn, k80, 0xF8;
+    }""")
+
+    @triton.constexpr_function
+    def _packed_words_layout(blocks, warps):
+        """(64 tokens x blocks x 4 words) of packed codes: a thread holds one block (4 words, one
+        16-byte shared-memory read); 8 lanes read 128 contiguous bytes (two 64-byte rows of a box)."""
+        lanes_over_blocks = min(blocks, 4)
+        return gl.BlockedLayout([1, 1, 4], [32 // lanes_over_blocks, lanes_over_blocks, 1], [warps, 1, 1], [2, 1, 0])
+
+    @triton.constexpr_function
+    def _fp8_tile_as_words(row_bytes):
+        """The shared layout of an fp8 MMA tile (rows of row_bytes) seen as int32 words: the same
+        bytes (NVMMA swizzling moves 16-byte units, whatever the element size)."""
+        return gl.NVMMASharedLayout(min(128, row_bytes), 32)
+
+    @gluon.jit
+    def _mxfp4_exponent_shift(amax):
+        """shift such that e2m1 x 2^(k - shift) <= 6 x 2^6 < 448 for every block exponent k of a cache
+        whose largest |value| is amax (k <= floor(log2(amax)): the quantiser's k = floor(log2(block
+        amax rounded up)) - 2)."""
+        return ((amax.to(gl.int32, bitcast=True) >> 23) & 255) - 127 - 6
+
+    @gluon.jit
+    def _load_block_scales(BLOCK_SCALES, stride_scales, token, kv_end, WARPS: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The e8m0 block scales of tokens [token, token + 64) (0 past kv_end), in the layouts the
+        decode of each box needs: four (tokens x 4 blocks) latent boxes and one (tokens x 2) rope box."""
+        LATENT_LAYOUT: gl.constexpr = gl.SliceLayout(2, _packed_words_layout(4, WARPS))
+        ROPE_LAYOUT: gl.constexpr = gl.SliceLayout(2, _packed_words_layout(2, WARPS))
+        rows = token + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LATENT_LAYOUT))
+        blocks = gl.arange(0, 4, layout=gl.SliceLayout(0, LATENT_LAYOUT))
+        base = BLOCK_SCALES + gl.expand_dims(rows, 1) * stride_scales + gl.expand_dims(blocks, 0)
+        present = gl.expand_dims(rows < kv_end, 1)
+        s0 = gl.load(base, mask=present, other=0)
+        s1 = gl.load(base + 4, mask=present, other=0)
+        s2 = gl.load(base + 8, mask=present, other=0)
+        s3 = gl.load(base + 12, mask=present, other=0)
+        rope_rows = token + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROPE_LAYOUT))
+        rope_blocks = gl.arange(0, 2, layout=gl.SliceLayout(0, ROPE_LAYOUT))
+        sr = gl.load(BLOCK_SCALES + gl.expand_dims(rope_rows, 1) * stride_scales + 16 + gl.expand_dims(rope_blocks, 0),
+                     mask=gl.expand_dims(rope_rows < kv_end, 1), other=0)
+        return s0, s1, s2, s3, sr
+
+    @gluon.jit
+    def _decode_box(packed, block_scales, shift, dest, WARPS: gl.constexpr):
+        """dest (tokens x 32 * blocks fp8) = the box packed (tokens x 4 * blocks int32 words) decoded with
+        its (tokens x blocks) e8m0 scales, in the natural order of the values."""
+        TOKENS: gl.constexpr = packed.shape[0]
+        BLOCKS: gl.constexpr = packed.shape[1] // 4
+        words = packed._reinterpret(gl.int32, [TOKENS, BLOCKS, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])).load(
+            _packed_words_layout(BLOCKS, WARPS))
+        exponent = gl.minimum(gl.maximum(block_scales.to(gl.int32) - shift, 1), 254)
+        table_low, table_high = gl.inline_asm_elementwise(
+            _E2M1_TABLE_ASM, "=r,=r,r", [(exponent << 23).to(gl.float32, bitcast=True)],
+            dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        table_low, _ = gl.broadcast(gl.expand_dims(table_low, 2), words)
+        table_high, _ = gl.broadcast(gl.expand_dims(table_high, 2), words)
+        low, high = gl.inline_asm_elementwise(_E2M1_DECODE_ASM, "=r,=r,r,r,r", [words, table_low, table_high],
+                                              dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+        fp8_words = gl.reshape(gl.join(low, high), [TOKENS, BLOCKS * 8])
+        dest._reinterpret(gl.int32, [TOKENS, BLOCKS * 8], _fp8_tile_as_words(BLOCKS * 32)).store(fp8_words)
+
+    @gluon.jit
+    def _decode_mxfp4_tile(ring_latent, ring_rope, slot, scales, shift, kv_latent, kv_rope, WARPS: gl.constexpr,
+                           NUM_CHUNKS: gl.constexpr):
+        """The packed tile in ring slot `slot` -> the fp8 tile (kv_latent's 4 chunks, kv_rope)."""
+        s0, s1, s2, s3, sr = scales
+        _decode_box(ring_latent.index(slot * NUM_CHUNKS), s0, shift, kv_latent.index(0), WARPS)
+        _decode_box(ring_latent.index(slot * NUM_CHUNKS + 1), s1, shift, kv_latent.index(1), WARPS)
+        _decode_box(ring_latent.index(slot * NUM_CHUNKS + 2), s2, shift, kv_latent.index(2), WARPS)
+        _decode_box(ring_latent.index(slot * NUM_CHUNKS + 3), s3, shift, kv_latent.index(3), WARPS)
+        _decode_box(ring_rope.index(slot), sr, shift, kv_rope.index(0), WARPS)
+
     @gluon.jit
     def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pred, TILE_BYTES: gl.constexpr,
-                   NUM_CHUNKS: gl.constexpr, CHUNK: gl.constexpr, LATENT: gl.constexpr):
+                   NUM_CHUNKS: gl.constexpr, BOX_COLUMNS: gl.constexpr, ROPE_COLUMN: gl.constexpr):
         """TMA: tokens [token, token + 64) of the cache into ring slot `slot` (skipped when not pred)."""
         mbarrier.expect(barrier, TILE_BYTES, pred=pred)
         for c in gl.static_range(NUM_CHUNKS):
-            tma.async_copy_global_to_shared(lat_desc, [token, c * CHUNK], barrier, kv_latent.index(slot * NUM_CHUNKS + c),
-                                            pred=pred)
-        tma.async_copy_global_to_shared(rope_desc, [token, LATENT], barrier, kv_rope.index(slot), pred=pred)
+            tma.async_copy_global_to_shared(lat_desc, [token, c * BOX_COLUMNS], barrier,
+                                            kv_latent.index(slot * NUM_CHUNKS + c), pred=pred)
+        tma.async_copy_global_to_shared(rope_desc, [token, ROPE_COLUMN], barrier, kv_rope.index(slot), pred=pred)
 
 
-def hopper_layouts():
-    """Shared layouts of the two TMA boxes: (64 tokens x 128 latent dims), (64 tokens x 64 rope dims)."""
+def hopper_layouts(kv_format="fp8"):
+    """Shared layouts of the two TMA boxes: (64 tokens x 128 latent dims), (64 tokens x 64 rope dims);
+    for "mxfp4" the same dims packed (int32 words of 8 codes), unswizzled: the decode reads them
+    with plain 16-byte loads, 8 lanes over 128 contiguous bytes."""
+    if kv_format == "mxfp4":
+        return gl.NVMMASharedLayout(0, 32), gl.NVMMASharedLayout(0, 32)
     return (gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], gl.float8e4nv))
 
 
-# (data_ptr, rows, row stride, device) -> the two TMA descriptors of that fp8 cache. A descriptor
+# (data_ptr, rows, row stride, device, format) -> the two TMA descriptors of that cache. A descriptor
 # holds its cache tensor alive, so at most two are kept (and a new tensor never reuses a cached
 # address while its entry lives).
 _KV_DESCRIPTORS = {}
 
 
-def tma_can_read(kv_fp8):
-    """TMA needs unit stride along the 576 dims and 16-byte aligned rows and base."""
-    return (kv_fp8.stride(-1) == 1 and kv_fp8.stride(0) % 16 == 0 and kv_fp8.data_ptr() % 16 == 0)
+def tma_can_read(kv):
+    """TMA needs unit stride along the row and 16-byte aligned rows and base."""
+    return (kv.stride(-1) == 1 and kv.stride(0) % 16 == 0 and kv.data_ptr() % 16 == 0)
 
 
-def kv_descriptors(kv_fp8):
-    """TMA descriptors over the (rows, 576) fp8 cache, cached per cache tensor (the last two)."""
-    key = (kv_fp8.data_ptr(), kv_fp8.shape[0], kv_fp8.stride(0), kv_fp8.device)
+def kv_descriptors(kv, kv_format="fp8"):
+    """TMA descriptors over the (rows, 576) fp8 cache, or the (rows, 288) packed MXFP4 cache seen as
+    (rows, 72) int32 words; cached per cache tensor (the last two)."""
+    key = (kv.data_ptr(), kv.shape[0], kv.stride(0), kv.device, kv_format)
     descriptors = _KV_DESCRIPTORS.get(key)
     if descriptors is None:
         if len(_KV_DESCRIPTORS) >= 2:
             _KV_DESCRIPTORS.clear()
-        rows = kv_fp8[:, 0, :]
-        latent_layout, rope_layout = hopper_layouts()
+        per_box = 8 if kv_format == "mxfp4" else 1  # values per element of the described tensor
+        rows = kv.view(torch.uint8)[:, 0, :].view(torch.int32) if kv_format == "mxfp4" else kv[:, 0, :]
+        latent_layout, rope_layout = hopper_layouts(kv_format)
         descriptors = _KV_DESCRIPTORS[key] = (
-            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK], latent_layout),
-            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, ROPE_DIM], rope_layout))
+            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK // per_box], latent_layout),
+            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, ROPE_DIM // per_box], rope_layout))
     return descriptors
 
 
@@ -1560,50 +1715,93 @@ def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num
     kv_fp8, kv_scale = kv_data["fp8"]
     if kv_fp8.dtype != torch.float8_e4m3fn:
         raise ValueError(f'kv_data["fp8"] must be float8_e4m3fn for the Hopper route, got {kv_fp8.dtype}')
+    if not tma_can_read(kv_fp8):  # a strided view the runner never makes: the portable kernel reads it
+        return triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
+    # the block scales are not read: any pointer, stride 0
+    return _hopper_launch(q, kv_descriptors(kv_fp8), kv_scale, (kv_scale, 0), qo_indptr, kv_indptr, config,
+                          num_splits, num_warps, num_stages, cooperative_merge, kv_mxfp4=False)
+
+
+def hopper_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num_warps=4, num_stages=2,
+                       cooperative_merge=True):
+    """Split-KV decode over kv_data["mxfp4"] on Hopper in one launch: 306 bytes per KV token, each
+    tile decoded exactly to fp8 in shared memory, then the fp8 route's products (see
+    _mla_decode_fp8_hopper_kernel, KV_MXFP4). kv_data["fp8"]'s per-tensor scale (max |kv| / 448,
+    read on the device) tells the kernel the cache's range; its data is not read. Parameters as
+    hopper_fp8_route."""
+    kv_fp4, block_scales = kv_data["mxfp4"]
+    hint = kv_data.get("fp8")
+    if not (isinstance(hint, (tuple, list)) and len(hint) == 2 and isinstance(hint[1], torch.Tensor)
+            and hint[1].dtype == torch.float32 and hint[1].numel() == 1):
+        raise ValueError('kv_data["fp8"] must hold the fp8 cache\'s (data, float32 scale): the Hopper MXFP4 '
+                         f"route reads the scale as the cache's range, got {_describe(hint)}")
+    if not tma_can_read(kv_fp4):
+        return triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
+    scales = block_scales.view(torch.uint8)
+    return _hopper_launch(q, kv_descriptors(kv_fp4, "mxfp4"), hint[1], (scales, scales.stride(0)), qo_indptr,
+                          kv_indptr, config, num_splits, num_warps, num_stages, cooperative_merge, kv_mxfp4=True)
+
+
+def _hopper_launch(q, descriptors, kv_scale, block_scales, qo_indptr, kv_indptr, config, num_splits, num_warps,
+                   num_stages, cooperative_merge, kv_mxfp4):
+    """The launch both Hopper routes share: a fresh output, the split workspace, the merge mode."""
     batch = kv_indptr.shape[0] - 1
     if q.shape[0] < batch:  # the kernel reads q at row `batch` before qo_indptr answers
         raise ValueError(f"q has {q.shape[0]} rows, fewer than the {batch} batch rows of kv_indptr")
-    if not tma_can_read(kv_fp8):  # a strided view the runner never makes: the portable kernel reads it
-        return triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
-    latent_desc, rope_desc = kv_descriptors(kv_fp8)
+    latent_desc, rope_desc = descriptors
+    scales, stride_scales = block_scales
     launch(_mla_decode_fp8_hopper_kernel, (batch, num_splits),
-           (q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
-           (config["sm_scale"] * LOG2E, q.stride(0), out.stride(0)),
-           {"FP8_MAX": torch.finfo(kv_fp8.dtype).max, "NUM_SPLITS": num_splits, "STAGES": num_stages, "WARPS": num_warps,
+           (q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, scales),
+           (config["sm_scale"] * LOG2E, q.stride(0), out.stride(0), stride_scales),
+           {"FP8_MAX": FP8_E4M3_MAX, "NUM_SPLITS": num_splits, "STAGES": num_stages, "WARPS": num_warps,
             "COOPERATIVE_MERGE": cooperative_merge and cooperative_merge_fits(batch, num_splits, q.device, num_warps,
-                                                                              num_stages)},
+                                                                              num_stages),
+            "KV_MXFP4": kv_mxfp4},
            num_warps, 1)
     return out
 
 
-def hopper_fp8_compile_plan(params, fp8_dtype):
+def hopper_compile_plan(params, kv_format):
     """sm_90 only ("targets"); no plan without Gluon. A row whose split count allows the cooperative
     merge compiles both merges (which one runs depends on the batch: cooperative_merge_fits)."""
     if not HAVE_GLUON:
         return []
-    p = dict(keyword_defaults(hopper_fp8_route), **params)
-    latent_layout, rope_layout = hopper_layouts()
+    route = hopper_mxfp4_route if kv_format == "mxfp4" else hopper_fp8_route
+    p = dict(keyword_defaults(route), **params)
+    latent_layout, rope_layout = hopper_layouts(kv_format)
+    element, per_box = ("i32", 8) if kv_format == "mxfp4" else ("fp8e4nv", 1)
     signature = {
-        "Q": "*bf16", "lat_desc": f"tensordesc<fp8e4nv[64, {HOPPER_CHUNK}],{latent_layout!r}>",
-        "rope_desc": f"tensordesc<fp8e4nv[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32",
+        "Q": "*bf16", "lat_desc": f"tensordesc<{element}[64, {HOPPER_CHUNK // per_box}],{latent_layout!r}>",
+        "rope_desc": f"tensordesc<{element}[64, {ROPE_DIM // per_box}],{rope_layout!r}>", "KV_SCALE": "*fp32",
         "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "OUT": "*bf16", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32",
-        "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",
+        "SPLIT_TICKETS": "*i32", "BLOCK_SCALES": "*u8" if kv_format == "mxfp4" else "*fp32",
+        "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32", "stride_scales": "i32",
     }
     merges = [False, True] if p["cooperative_merge"] and p["num_splits"] in COOPERATIVE_SPLITS else [False]
     return [{
         "kernel": _mla_decode_fp8_hopper_kernel, "targets": ["sm90"], "signature": signature,
         "constexprs": {**keyword_defaults(_mla_decode_fp8_hopper_kernel),
-                       "FP8_MAX": 448.0, "NUM_SPLITS": p["num_splits"], "STAGES": p["num_stages"],
-                       "WARPS": p["num_warps"], "COOPERATIVE_MERGE": cooperative},
-        "aligned_args": [name for name, kind in signature.items() if kind[0] == "*" or name.startswith("stride")],
+                       "FP8_MAX": FP8_E4M3_MAX, "NUM_SPLITS": p["num_splits"], "STAGES": p["num_stages"],
+                       "WARPS": p["num_warps"], "COOPERATIVE_MERGE": cooperative, "KV_MXFP4": kv_format == "mxfp4"},
+        # stride_scales (24 bytes per scale row) is not a multiple of 16
+        "aligned_args": [name for name, kind in signature.items()
+                         if kind[0] == "*" or name in ("stride_q_token", "stride_o_token")],
         "num_warps": p["num_warps"], "num_stages": 1,
     } for cooperative in merges]
+
+
+def hopper_fp8_compile_plan(params, fp8_dtype):
+    return hopper_compile_plan(params, "fp8")
+
+
+def hopper_mxfp4_compile_plan(params, fp8_dtype):
+    return hopper_compile_plan(params, "mxfp4")
 # ==== END HOPPER ROUTE ====
 
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
-                        "hopper_fp8": hopper_fp8_compile_plan}
+                        "hopper_fp8": hopper_fp8_compile_plan, "hopper_mxfp4": hopper_mxfp4_compile_plan}
 
 
 ROUTES = {
@@ -1612,6 +1810,7 @@ ROUTES = {
 }
 if HOPPER:  # the Hopper route exists only on sm_90 with Gluon; elsewhere its table rows are skipped
     ROUTES["hopper_fp8"] = hopper_fp8_route
+    ROUTES["hopper_mxfp4"] = hopper_mxfp4_route
 if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API this file knows
     ROUTES.update({
         "aiter_bf16": aiter_bf16_route,
@@ -1628,6 +1827,7 @@ ROUTE_INFO = {
     # "portable": False -> a table row with this route must be followed by a portable row for
     # the same shapes (tune.py writes one), since the route is absent off its hardware
     "hopper_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06, "portable": False},
+    "hopper_mxfp4": {"kv_format": "mxfp4", "rel_l2_bound": 0.2, "portable": False},
     # the mxfp4 format alone costs about 6-15% per row (tests/test_mxfp4_route.py measures it)
     "triton_mxfp4": {"kv_format": "mxfp4", "rel_l2_bound": 0.2},
     "aiter_bf16": {"kv_format": "bf16", "rel_l2_bound": 0.01},

@@ -89,6 +89,12 @@ SEARCH_SPACE = {
         "num_stages": [2, 3],
         "cooperative_merge": [True, False],
     },
+    "hopper_mxfp4": {  # sm_90 only, like hopper_fp8
+        "num_splits": [1, 2, 4, 8, 16, 32],
+        "num_warps": [4],
+        "num_stages": [2, 3],
+        "cooperative_merge": [True],
+    },
     "triton_mxfp4": {
         "num_splits": [1, 2, 4, 8, 16, 32],
         "block_n": [32, 64, 128],
@@ -107,6 +113,7 @@ QUICK_SEARCH_SPACE = {
     "triton_mxfp4": {"num_splits": [1, 8], "block_n": [64], "num_warps": [8], "num_stages": [2],
                      "qk_dot_scaled": [False]},
     "hopper_fp8": {"num_splits": [1, 8], "num_warps": [4], "num_stages": [2]},
+    "hopper_mxfp4": {"num_splits": [1, 8], "num_warps": [4], "num_stages": [2]},
 }
 
 MAX_MISMATCH = 0.01  # eligibility: worst mismatch ratio over the seeds (the runner allows 0.05)

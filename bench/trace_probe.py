@@ -34,8 +34,8 @@ CLOCK = 'gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.i
 
 # (marker text in submission.py, text to put in its place); {S} = STAMP, {C} = CLOCK
 INSERTIONS = [
-    ("PARTIAL_LSE, SPLIT_TICKETS,\n        sm_scale_log2, stride_q_token", "PARTIAL_LSE, SPLIT_TICKETS, TRACE,\n"
-     "        sm_scale_log2, stride_q_token"),
+    ("PARTIAL_LSE, SPLIT_TICKETS,\n        BLOCK_SCALES, sm_scale_log2", "PARTIAL_LSE, SPLIT_TICKETS,\n"
+     "        BLOCK_SCALES, TRACE, sm_scale_log2"),
     ("        split = gl.program_id(1)\n",
      "        split = gl.program_id(1)\n        t_start = {S}\n        c_start = {C}\n"
      "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
@@ -67,11 +67,10 @@ INSERTIONS = [
      "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
      "        gl.store(trace + 9, c_end - c_start)\n        gl.store(trace + 10, num_tiles.to(gl.int64))\n"
      "\n    @gluon.jit\n"),
-    ('"SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",',
-     '"SPLIT_TICKETS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32", "stride_q_token": "i32", '
-     '"stride_o_token": "i32",'),
-    ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),",
-     "(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, "
+    ('"BLOCK_SCALES": "*u8" if kv_format == "mxfp4" else "*fp32",',
+     '"BLOCK_SCALES": "*u8" if kv_format == "mxfp4" else "*fp32", "TRACE": "*i64",'),
+    ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, scales),",
+     "(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, scales, "
      "TRACE_BUFFER),"),
 ]
 

@@ -18,8 +18,9 @@ LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 81
 
 def test_absent_off_hopper():
     assert not submission.HOPPER  # CPU (or any non-sm_90 machine) runs these tests
-    assert "hopper_fp8" not in submission.ROUTES
+    assert "hopper_fp8" not in submission.ROUTES and "hopper_mxfp4" not in submission.ROUTES
     assert submission.ROUTE_INFO["hopper_fp8"]["portable"] is False
+    assert submission.ROUTE_INFO["hopper_mxfp4"] == {"kv_format": "mxfp4", "rel_l2_bound": 0.2, "portable": False}
 
 
 def test_every_hopper_row_is_followed_by_a_portable_row_for_the_same_shapes():
@@ -127,18 +128,20 @@ def test_cooperative_merge_grid_rule_is_the_routes(monkeypatch):
     assert launched == [((64, 4), True), ((64, 4), False)]
 
 
-def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch):
-    data = reference.generate_input(2, 1, 70, 3, device="cpu")
-    q, kv_data, qo_indptr, kv_indptr, config = data
-    kv, scale = kv_data["fp8"]
+@pytest.mark.parametrize("kv_format,route,portable", [("fp8", "hopper_fp8_route", "triton_fp8_route"),
+                                                      ("mxfp4", "hopper_mxfp4_route", "triton_mxfp4_route")])
+def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch, kv_format, route, portable):
+    q, kv_data, qo_indptr, kv_indptr, config = reference.generate_input(2, 1, 70, 3, device="cpu")
+    kv, scale = kv_data[kv_format]
     assert submission.tma_can_read(kv)
-    wide = torch.zeros(kv.shape[0], 1, 592, dtype=torch.uint8).view(kv.dtype)[:, :, 8:584]  # misaligned
+    row = kv.shape[-1]  # bytes: rows 16 B longer, starting 8 B in (misaligned)
+    wide = torch.zeros(kv.shape[0], 1, row + 16, dtype=torch.uint8).view(kv.dtype)[:, :, 8:8 + row]
     wide.copy_(kv)
     assert not submission.tma_can_read(wide)
     calls = []
-    monkeypatch.setattr(submission, "triton_fp8_route", lambda *a, **k: calls.append(k) or "portable")
-    out = submission.hopper_fp8_route(q, dict(kv_data, fp8=(wide, scale)), qo_indptr, kv_indptr, config,
-                                      num_splits=4)
+    monkeypatch.setattr(submission, portable, lambda *a, **k: calls.append(k) or "portable")
+    out = getattr(submission, route)(q, dict(kv_data, **{kv_format: (wide, scale)}), qo_indptr, kv_indptr, config,
+                                     num_splits=4)
     assert out == "portable" and calls == [{"num_splits": 4}]
 
 
@@ -241,3 +244,67 @@ def test_v_chunk_loads_are_free_of_bank_conflicts():
             byte = token * 128 + ((dim // 16) ^ (token % 8)) * 16 + dim % 16
             banks.add(byte // 4 % 32)
         assert len(banks) == 32, (reg, sorted(banks))
+
+
+def _capture_launches(monkeypatch):
+    launched = []
+    monkeypatch.setitem(submission._SM_COUNTS, torch.device("cpu"), 132)
+    monkeypatch.setattr(submission, "launch", lambda kernel, grid, tensors, scalars, constexprs, *a: launched.append(
+        (tensors, scalars, constexprs)))
+    monkeypatch.setattr(submission, "kv_descriptors", lambda kv, kv_format="fp8": (kv_format, kv_format))
+    return launched
+
+
+def test_both_hopper_routes_launch_one_kernel_each_with_its_format(monkeypatch):
+    """hopper_mxfp4 passes the packed cache's descriptors, the fp8 scale as the range hint and the
+    block scales (uint8, row stride 24); hopper_fp8 the fp8 descriptors and no block scales (stride 0)."""
+    launched = _capture_launches(monkeypatch)
+    data = reference.generate_input(4, 1, 300, 3, device="cpu")
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    submission.hopper_mxfp4_route(*data, num_splits=2)
+    submission.hopper_fp8_route(*data, num_splits=2)
+    (mx_tensors, mx_scalars, mx_constexprs), (fp8_tensors, fp8_scalars, fp8_constexprs) = launched
+    assert mx_constexprs["KV_MXFP4"] is True and fp8_constexprs["KV_MXFP4"] is False
+    assert mx_tensors[1:3] == ("mxfp4", "mxfp4") and fp8_tensors[1:3] == ("fp8", "fp8")
+    assert mx_tensors[3] is kv_data["fp8"][1] and fp8_tensors[3] is kv_data["fp8"][1]
+    scales = mx_tensors[-1]
+    assert scales.dtype == torch.uint8 and scales.data_ptr() == kv_data["mxfp4"][1].data_ptr()
+    assert mx_scalars[-1] == scales.stride(0) == 24 and fp8_scalars[-1] == 0
+
+
+def test_mxfp4_route_refuses_a_missing_range_hint():
+    q, kv_data, qo_indptr, kv_indptr, config = reference.generate_input(2, 1, 64, 1, device="cpu")
+    no_fp8 = {k: v for k, v in kv_data.items() if k != "fp8"}
+    with pytest.raises(ValueError, match='kv_data\\["fp8"\\]'):
+        submission.hopper_mxfp4_route(q, no_fp8, qo_indptr, kv_indptr, config)
+    with pytest.raises(ValueError, match='kv_data\\["fp8"\\]'):
+        submission.hopper_mxfp4_route(q, dict(kv_data, fp8=(kv_data["fp8"][0], torch.ones(2))), qo_indptr,
+                                      kv_indptr, config)
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="this Triton has no Gluon: no Hopper plan")
+def test_mxfp4_compile_plans_read_packed_words_and_byte_scales():
+    plans = submission.triton_compile_plan("hopper_mxfp4", {"num_splits": 4})
+    assert [p["constexprs"]["COOPERATIVE_MERGE"] for p in plans] == [False, True]
+    for plan in plans:
+        assert plan["kernel"] is submission._mla_decode_fp8_hopper_kernel and plan["targets"] == ["sm90"]
+        assert plan["constexprs"]["KV_MXFP4"] is True
+        assert plan["signature"]["lat_desc"].startswith("tensordesc<i32[64, 16]")
+        assert plan["signature"]["rope_desc"].startswith("tensordesc<i32[64, 8]")
+        assert plan["signature"]["BLOCK_SCALES"] == "*u8"
+        assert "stride_scales" not in plan["aligned_args"]  # 24 bytes: not a multiple of 16
+    [fp8_plan] = submission.triton_compile_plan("hopper_fp8", {"num_splits": 1})
+    assert fp8_plan["constexprs"]["KV_MXFP4"] is False and fp8_plan["signature"]["BLOCK_SCALES"] == "*fp32"
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="this Triton has no Gluon: no TMA descriptors")
+def test_mxfp4_descriptors_see_the_packed_rows_as_72_words():
+    packed = reference.generate_input(1, 1, 300, 3, device="cpu")[1]["mxfp4"][0]
+    submission._KV_DESCRIPTORS.clear()
+    latent, rope = submission.kv_descriptors(packed, "mxfp4")
+    assert latent.base.dtype == torch.int32 and list(latent.shape) == [300, 72] and list(latent.strides) == [72, 1]
+    assert list(latent.block_shape) == [64, 16] and list(rope.block_shape) == [64, 8]
+    assert latent.base.data_ptr() == packed.data_ptr()
+    fp8_latent, _ = submission.kv_descriptors(reference.generate_input(1, 1, 300, 3, device="cpu")[1]["fp8"][0])
+    assert list(fp8_latent.block_shape) == [64, 128] and fp8_latent.base.dtype == torch.float8_e4m3fn
+    submission._KV_DESCRIPTORS.clear()

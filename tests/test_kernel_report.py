@@ -338,6 +338,8 @@ def test_inline_asm_scan_and_module_loading(tmp_path):
     src = textwrap.dedent('''\
         import triton
         import triton.language as tl
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
 
 
         @triton.jit
@@ -359,12 +361,20 @@ def test_inline_asm_scan_and_module_loading(tmp_path):
                 x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
                                               is_pure=True, pack=1)
             tl.store(X, x)
+
+
+        @gluon.jit
+        def one_target(X):
+            x = gl.load(X + gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0])))
+            x = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=True, pack=1)
         ''')
     path = tmp_path / "asm_kernels.py"
     path.write_text(src)
     module = kr.load_module(path)  # with the interpreter off: real JITFunctions
     assert hasattr(module.guarded, "params")
-    found = {(f["kernel"], f["function"]): f for f in kr.scan_inline_asm([module.unguarded, module.guarded])}
+    found = {(f["kernel"], f["function"]): f
+             for f in kr.scan_inline_asm([module.unguarded, module.guarded, module.one_target])}
+    assert found[("one_target", "one_target")]["guarded"]  # a Gluon kernel is written for one target
     assert not found[("unguarded", "_helper")]["guarded"]
     assert found[("guarded", "guarded")]["guarded"] and found[("guarded", "guarded")]["guard"] == "IS_CUDA"
     assert kr.jit_functions_reached(module.unguarded) == {"_helper"}

@@ -87,7 +87,9 @@ Inline assembly
     The source of every kernel (and of every ``@triton.jit`` helper it calls, recursively) is
     scanned for ``inline_asm_elementwise``; a call counts as guarded when it sits inside an ``if``
     (or conditional expression) whose condition names a target (cuda/hip/amd/nvidia/rocm/gfx/sm/
-    arch/target/backend/IS_*). Unguarded inline assembly is flagged: it ties a kernel to one ISA.
+    arch/target/backend/IS_*), or in a Gluon kernel (Gluon is written for one target's layouts and
+    instructions, and its compile plans name that target). Unguarded inline assembly is flagged:
+    it ties a kernel to one ISA.
 
 Usage
     python tools/kernel_report.py [--module submission.py] [--tables PATH] [--targets gfx950,gfx942,sm90]
@@ -487,6 +489,7 @@ def scan_inline_asm(kernels):
     [{kernel, function, line, guarded, guard}]."""
     findings = []
     for kernel in kernels:
+        one_target = getattr(kernel, "is_gluon", lambda: False)()
         seen = set()
         stack = [kernel]
         while stack:
@@ -518,6 +521,8 @@ def scan_inline_asm(kernels):
                             if _GUARD_WORDS.search(test):
                                 guard = test
                         child, parent = parent, parents.get(parent)
+                    if guard is None and one_target:
+                        guard = "a Gluon kernel (one target)"
                     findings.append({"kernel": kernel.fn.__name__, "function": fn.__name__,
                                      "line": first_line + node.lineno - 1, "guarded": guard is not None,
                                      "guard": guard})
