@@ -39,6 +39,14 @@ def _label(row):
 # The tables
 
 
+def test_submission_is_python_3_10(repo_root):
+    """The runner's Python is not ours: submission.py must parse with Python 3.10's grammar
+    (this interpreter's parser, limited to 3.10 features, rejects e.g. `except*` from 3.11)."""
+    ast.parse((repo_root / "submission.py").read_text(), feature_version=(3, 10))
+    with pytest.raises(SyntaxError):
+        ast.parse("try:\n    pass\nexcept* ValueError:\n    pass\n", feature_version=(3, 10))
+
+
 def test_route_tables_are_plain_literals_between_the_markers(without_aiter, repo_root):
     text = (repo_root / "submission.py").read_text()
     block = re.search(r"^# BEGIN ROUTE TABLES\n(.*?)^# END ROUTE TABLES$", text, re.S | re.M)
