@@ -1318,7 +1318,7 @@ if HAVE_GLUON:
         # waits for one memory latency instead of three (measured: 3.3-7 us per program before).
         if KV_MXFP4:
             shift = _mxfp4_exponent_shift(gl.load(KV_SCALE) * FP8_MAX)
-            kv_scale = ((gl.minimum(gl.maximum(shift + 127, 1), 254)) << 23).to(gl.float32, bitcast=True)
+            kv_scale = _power_of_two(shift + 127)
         else:
             kv_scale = gl.load(KV_SCALE)
         q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
@@ -1576,6 +1576,11 @@ if HAVE_GLUON:
         return ((amax.to(gl.int32, bitcast=True) >> 23) & 255) - 127 - 6
 
     @gluon.jit
+    def _power_of_two(biased_exponent):
+        """2^(biased_exponent - 127) as float32, the exponent clamped to the normal range [1, 254]."""
+        return (gl.minimum(gl.maximum(biased_exponent, 1), 254) << 23).to(gl.float32, bitcast=True)
+
+    @gluon.jit
     def _load_block_scales(BLOCK_SCALES, stride_scales, token, kv_end, WARPS: gl.constexpr, BLOCK_N: gl.constexpr):
         """The e8m0 block scales of tokens [token, token + 64) (0 past kv_end), in the layouts the
         decode of each box needs: four (tokens x 4 blocks) latent boxes and one (tokens x 2) rope box."""
@@ -1603,9 +1608,8 @@ if HAVE_GLUON:
         BLOCKS: gl.constexpr = packed.shape[1] // 4
         words = packed._reinterpret(gl.int32, [TOKENS, BLOCKS, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])).load(
             _packed_words_layout(BLOCKS, WARPS))
-        exponent = gl.minimum(gl.maximum(block_scales.to(gl.int32) - shift, 1), 254)
         table_low, table_high = gl.inline_asm_elementwise(
-            _E2M1_TABLE_ASM, "=r,=r,r", [(exponent << 23).to(gl.float32, bitcast=True)],
+            _E2M1_TABLE_ASM, "=r,=r,r", [_power_of_two(block_scales.to(gl.int32) - shift)],
             dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
         table_low, _ = gl.broadcast(gl.expand_dims(table_low, 2), words)
         table_high, _ = gl.broadcast(gl.expand_dims(table_high, 2), words)
@@ -1730,15 +1734,11 @@ def hopper_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, n
     read on the device) tells the kernel the cache's range; its data is not read. Parameters as
     hopper_fp8_route."""
     kv_fp4, block_scales = kv_data["mxfp4"]
-    hint = kv_data.get("fp8")
-    if not (isinstance(hint, (tuple, list)) and len(hint) == 2 and isinstance(hint[1], torch.Tensor)
-            and hint[1].dtype == torch.float32 and hint[1].numel() == 1):
-        raise ValueError('kv_data["fp8"] must hold the fp8 cache\'s (data, float32 scale): the Hopper MXFP4 '
-                         f"route reads the scale as the cache's range, got {_describe(hint)}")
+    check_kv_format(kv_data, "fp8", kv_fp4.shape[0])  # its scale is the range hint
     if not tma_can_read(kv_fp4):
         return triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
     scales = block_scales.view(torch.uint8)
-    return _hopper_launch(q, kv_descriptors(kv_fp4, "mxfp4"), hint[1], (scales, scales.stride(0)), qo_indptr,
+    return _hopper_launch(q, kv_descriptors(kv_fp4, "mxfp4"), kv_data["fp8"][1], (scales, scales.stride(0)), qo_indptr,
                           kv_indptr, config, num_splits, num_warps, num_stages, cooperative_merge, kv_mxfp4=True)
 
 

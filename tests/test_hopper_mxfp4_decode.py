@@ -97,12 +97,15 @@ def run_ptx(asm, operands):
     return [regs[f"${i}"] for i in range(len(operands))]
 
 
-def decode_word(word, exponent):
-    """Eight e4m3 bytes (values 8w .. 8w+7 in order) of one packed word, block exponent e - shift."""
+def decode_word(word_bytes, exponent):
+    """The eight values (8w .. 8w+7 in order, float64) that the kernel's e4m3 bytes hold for one
+    packed word (its 4 bytes, a uint8 tensor) of a block with exponent e - shift."""
+    word = int.from_bytes(bytes(word_bytes.tolist()), "little")
     block_scale = (min(max(exponent + 127, 1), 254) << 23)
     table_low, table_high, _ = run_ptx(submission._E2M1_TABLE_ASM.value, [0, 0, block_scale])
     low, high, *_ = run_ptx(submission._E2M1_DECODE_ASM.value, [0, 0, word, table_low, table_high])
-    return [(low >> (8 * i)) & 0xFF for i in range(4)] + [(high >> (8 * i)) & 0xFF for i in range(4)]
+    e4m3 = [(low >> (8 * i)) & 0xFF for i in range(4)] + [(high >> (8 * i)) & 0xFF for i in range(4)]
+    return torch.tensor(e4m3, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
 
 
 def test_decode_is_exact_for_every_code_and_the_documented_exponent_range():
@@ -114,9 +117,8 @@ def test_decode_is_exact_for_every_code_and_the_documented_exponent_range():
             data.reshape(1, 256).view(torch.float4_e2m1fn_x2),
             torch.full((1, 16), exponent + 127, dtype=torch.uint8), 1).reshape(64, 8)
         for w in range(64):
-            word = int.from_bytes(bytes(data[w].tolist()), "little")
-            got = torch.tensor(decode_word(word, exponent), dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-            assert torch.equal(got, expected[w]), (exponent, w, got, expected[w])
+            got = decode_word(data[w], exponent)
+            assert torch.equal(got, expected[w].double()), (exponent, w, got, expected[w])
 
 
 def test_decode_of_golden_rows_from_aiters_quantiser(golden_mxfp4_path):
@@ -134,8 +136,7 @@ def test_decode_of_golden_rows_from_aiters_quantiser(golden_mxfp4_path):
         shift = ((amax_bits >> 23) & 255) - 127 - 6
         for w in range(72):
             exponent = scales[row, w // 4].item() - 127 - shift
-            word = int.from_bytes(bytes(words[row, w].tolist()), "little")
-            got = torch.tensor(decode_word(word, exponent), dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+            got = decode_word(words[row, w], exponent)
             want = expected[row, 8 * w:8 * w + 8].double()
             assert exponent <= 6, (row, w)  # the shift keeps every block at most 6 x 2^6
             if exponent >= -8:
