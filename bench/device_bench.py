@@ -13,7 +13,10 @@ Per shape:
   the reference's own rel. L2 error on the same inputs;
 - the torch peer (bf16 bmm, softmax, bmm over the bf16 cache) timed the same way;
 - floor = max(one launch, KV bytes / measured copy bandwidth); achieved GB/s for the bytes the
-  route reads; FlashMLA's and SGLang's H200 times from ../shared/facts/h200-anchors.md as peers.
+  route reads; FlashMLA's and SGLang's H200 times from ../shared/facts/h200-anchors.md as peers;
+- read once: a kernel that only reads the fp8 cache's bytes once (bench/read_floor.py), timed the
+  same way: what reading the bytes costs under this flush (the runner's leaves dirty lines in the
+  L2 that the timed call writes back: bench/flush_probe.py).
 """
 import argparse
 import json
@@ -27,9 +30,11 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 import reference  # noqa: E402
 import submission  # noqa: E402
 import utils  # noqa: E402
+from read_floor import cache_words, read_once  # noqa: E402
 
 KV_BYTES_PER_TOKEN = {"bf16": 1152, "fp8": 576, "mxfp4": 306}
 LAUNCH_FLOOR_US = 3.4  # one tiny kernel, event to event, on the lent H200 (h200-anchors.md)
@@ -121,6 +126,9 @@ def main():
             submission.ROUTES[name](*data, **params)
             result[name] = time_us(lambda: submission.ROUTES[name](*data, **params), flush, args.repeats)
             result[name]["params"] = params
+        words, word_max = cache_words(data[1]["fp8"][0]), torch.zeros(1, dtype=torch.int32, device=data[0].device)
+        read_once(words, word_max)
+        result["read_once"] = time_us(lambda: read_once(words, word_max), flush, args.repeats)
         torch_peer(data)
         result["torch_peer"] = time_us(lambda: torch_peer(data), flush, max(10, args.repeats // 5))
         result["torch_peer"]["GBps"] = batch * kv_len * 1152 / result["torch_peer"]["median_us"] / 1e3
@@ -132,22 +140,24 @@ def main():
         print(json.dumps(result), flush=True)
     summary = {"device": utils.device_name(), "copy_GBps": copy_gbps, "rows": rows,
                "geomean_mean_us": utils.geomean([r["submission"]["mean_us"] for r in rows]),
-               "geomean_floor_us": utils.geomean([r["floor_fp8_us"] for r in rows])}
+               "geomean_floor_us": utils.geomean([r["floor_fp8_us"] for r in rows]),
+               "geomean_read_once_us": utils.geomean([r["read_once"]["median_us"] for r in rows])}
     json.dump(summary, open(os.path.join(args.out, "device_bench.json"), "w"), indent=1)
     chart(rows, copy_gbps, os.path.join(args.out, "device_bench.png"))
 
     print(f"\n{summary['device']}  copy {copy_gbps:.0f} GB/s  (times: median us, runner timing)")
-    print(f"{'bs':>4} {'kv':>5} {'ours':>8} {'mean':>8} {'floor':>6} {'x floor':>7} {'%copy':>6} {'FlashMLA':>8} "
-          f"{'torch':>7} {'mism%':>6} {'L2':>6} {'L2/ref':>6}  route")
+    print(f"{'bs':>4} {'kv':>5} {'ours':>8} {'mean':>8} {'floor':>6} {'x floor':>7} {'%copy':>6} {'read1':>6} "
+          f"{'x read1':>7} {'FlashMLA':>8} {'torch':>7} {'mism%':>6} {'L2':>6} {'L2/ref':>6}  route")
     for r in rows:
         s, a = r["submission"], r["accuracy"]
         print(f"{r['batch']:>4} {r['kv_len']:>5} {s['median_us']:8.1f} {s['mean_us']:8.1f} {r['floor_fp8_us']:6.1f} "
               f"{s['median_us'] / r['floor_fp8_us']:7.2f} {100 * s['GBps'] / copy_gbps:6.1f} "
+              f"{r['read_once']['median_us']:6.1f} {s['median_us'] / r['read_once']['median_us']:7.2f} "
               f"{r['flashmla_us'] or float('nan'):8.1f} {r['torch_peer']['median_us']:7.1f} "
               f"{100 * a['worst_mismatch']:6.2f} {a['worst_rel_l2']:6.3f} {a['worst_l2_ratio_to_ref']:6.2f}  {r['route']}")
     flash = [r["flashmla_us"] for r in rows if r["flashmla_us"]]
     print(f"geomean of means: {summary['geomean_mean_us']:.1f} us (fp8 floor {summary['geomean_floor_us']:.1f}, "
-          f"FlashMLA {utils.geomean(flash):.1f})")
+          f"read once {summary['geomean_read_once_us']:.1f}, FlashMLA {utils.geomean(flash):.1f})")
 
 
 if __name__ == "__main__":
