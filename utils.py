@@ -197,6 +197,17 @@ def median_time_us(fn: Callable, repeats: int, flush: Optional[Callable[[], None
     return statistics.median(time_call(fn, flush=flush)[1] for _ in range(repeats)) / 1e3
 
 
+def interleaved_median_us(calls: Dict[object, tuple], repeats: int) -> Dict[object, float]:
+    """``{key: (fn, flush)}`` -> ``{key: median us of time_call(fn, flush=flush)}``. Each repeat times
+    every call once, in turn, so that a drift of the machine falls on all of them alike (the way
+    to compare versions in one run)."""
+    times = {key: [] for key in calls}
+    for _ in range(repeats):
+        for key, (fn, flush) in calls.items():
+            times[key].append(time_call(fn, flush=flush)[1] / 1e3)
+    return {key: statistics.median(samples) for key, samples in times.items()}
+
+
 def should_stop(durations: Sequence[float], wall_ns: float, *, min_runs: int = 3,
                 rel_err: float = 1e-3, max_time_ns: float = 50e9,
                 max_wall_ns: float = 120e9) -> bool:
@@ -278,6 +289,15 @@ def parse_spec_line(line: str) -> Dict[str, object]:
             raise ValueError(f"empty key in spec line {line!r}")
         args[key] = parse_value(value)
     return args
+
+
+BENCHMARK_SPEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "specs", "benchmarks.txt")
+
+
+def benchmark_shapes(path: str = BENCHMARK_SPEC) -> List[tuple]:
+    """(batch size, KV length) of each case of a spec file: by default the leaderboard's 8
+    benchmark shapes, in their order."""
+    return [(case.args["batchsize"], case.args["kvseqlen"]) for case in read_spec_file(path)]
 
 
 def read_spec_file(path: str, secret_seed: Optional[int] = None) -> List[TestCase]:

@@ -11,7 +11,6 @@ against the reference first (--no-check: ablations that skip work on purpose).
 import argparse
 import json
 import os
-import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +19,7 @@ import eval as runner  # noqa: E402  (the project's one submission loader)
 import reference  # noqa: E402
 import utils  # noqa: E402
 
-SHAPES = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
+SHAPES = utils.benchmark_shapes()
 
 
 def main():
@@ -50,14 +49,11 @@ def main():
             fn = (lambda module=module, params=params: module.ROUTES[args.route](*data, **params))
             out = fn()
             assert args.no_check or reference.mismatch_ratio(out, expected) <= 0.005, (args.modules[i], params)
-            calls[(i, json.dumps(params, sort_keys=True))] = fn
-        times = {key: [] for key in calls}
-        for _ in range(args.repeats):
-            for key, fn in calls.items():
-                times[key].append(utils.time_call(fn, flush=flush)[1] / 1e3)
+            calls[(i, json.dumps(params, sort_keys=True))] = (fn, flush)
+        times = utils.interleaved_median_us(calls, args.repeats)
         line = []
         for i in range(len(modules)):
-            medians = {params: statistics.median(samples) for (j, params), samples in times.items() if j == i}
+            medians = {params: median for (j, params), median in times.items() if j == i}
             if medians:
                 columns.setdefault(i, []).append(min(medians.values()))
             line += [f"{os.path.basename(args.modules[i])} {params}: {m:.1f}" for params, m in medians.items()]

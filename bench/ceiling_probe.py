@@ -29,7 +29,7 @@ VIEWS = {
     "stride 0": lambda kv: kv.as_strided(kv.shape, (0, 576, 1)),
     "out of bounds": lambda kv: kv[:64],
 }
-SHAPES = "4x1024,4x8192,32x1024,32x8192,64x1024,64x8192,256x1024,256x8192"
+SHAPES = ",".join(f"{batch}x{kv}" for batch, kv in utils.benchmark_shapes())
 
 
 def main():

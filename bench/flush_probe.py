@@ -19,7 +19,6 @@ Short table last: a column per (call, flush), geomeans.
 """
 import argparse
 import os
-import statistics
 import sys
 
 import torch
@@ -32,7 +31,7 @@ import submission  # noqa: E402
 import utils  # noqa: E402
 from read_floor import cache_words, read_once  # noqa: E402
 
-SHAPES = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
+SHAPES = utils.benchmark_shapes()
 
 
 class CleanFlush:
@@ -74,11 +73,8 @@ def main():
         calls.update({f"read/{p}": (lambda p=p: read_once(words, out, eviction_policy=p)) for p in policies})
         for fn in calls.values():
             fn()
-        times = {(c, f): [] for c in calls for f in flushes}
-        for _ in range(args.repeats):
-            for (c, f) in times:
-                times[(c, f)].append(utils.time_call(calls[c], flush=flushes[f])[1] / 1e3)
-        rows.append((batch, kv, words.numel() * 4, {key: statistics.median(v) for key, v in times.items()}))
+        timed = {(c, f): (calls[c], flushes[f]) for c in calls for f in flushes}
+        rows.append((batch, kv, words.numel() * 4, utils.interleaved_median_us(timed, args.repeats)))
         del data, words
     columns = list(rows[0][3])
     print(f"\nmedian us; read GB/s = the cache's bytes / read's time after the clean flush")

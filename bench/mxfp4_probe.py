@@ -30,7 +30,7 @@ import reference  # noqa: E402
 import submission  # noqa: E402
 import utils  # noqa: E402
 
-SHAPES = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
+SHAPES = utils.benchmark_shapes()
 CONFIGS = [dict(num_stages=2, num_warps=4), dict(num_stages=3, num_warps=4), dict(num_stages=2, num_warps=8)]
 
 

@@ -113,19 +113,27 @@ def test_cooperative_merge_only_when_every_program_fits_at_once(monkeypatch):
     assert not fits(4, 1, "gpu") and not fits(4, 3, "gpu") and not fits(1, 128, "gpu") and fits(4, 64, "gpu")
 
 
+def _capture_launches(monkeypatch):
+    """Every Hopper launch as (grid, tensors, scalars, constexprs), on a CPU posing as 132 SMs; the
+    TMA descriptors replaced by their format's name."""
+    launched = []
+    monkeypatch.setitem(submission._SM_COUNTS, torch.device("cpu"), 132)
+    monkeypatch.setattr(submission, "launch", lambda kernel, grid, tensors, scalars, constexprs, *a: launched.append(
+        (grid, tensors, scalars, constexprs)))
+    monkeypatch.setattr(submission, "kv_descriptors", lambda kv, kv_format="fp8": (kv_format, kv_format))
+    return launched
+
+
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="this Triton has no Gluon: no Hopper kernel")
 def test_cooperative_merge_grid_rule_is_the_routes(monkeypatch):
     """The route passes its own warps and ring slots to the rule: a 256-program grid merges
     cooperatively at 4 warps x 2 slots and not at 3 slots."""
-    launched = []
-    monkeypatch.setitem(submission._SM_COUNTS, torch.device("cpu"), 132)
-    monkeypatch.setattr(submission, "launch", lambda kernel, grid, tensors, scalars, constexprs, *a: launched.append(
-        (grid, constexprs["COOPERATIVE_MERGE"])))
-    monkeypatch.setattr(submission, "kv_descriptors", lambda kv: (None, None))
+    launched = _capture_launches(monkeypatch)
     data = reference.generate_input(64, 1, 64, 3, device="cpu")
     for stages in (2, 3):
         submission.hopper_fp8_route(*data, num_splits=4, num_stages=stages)
-    assert launched == [((64, 4), True), ((64, 4), False)]
+    assert [(grid, constexprs["COOPERATIVE_MERGE"]) for grid, _, _, constexprs in launched] == [
+        ((64, 4), True), ((64, 4), False)]
 
 
 @pytest.mark.parametrize("kv_format,route,portable", [("fp8", "hopper_fp8_route", "triton_fp8_route"),
@@ -246,15 +254,6 @@ def test_v_chunk_loads_are_free_of_bank_conflicts():
         assert len(banks) == 32, (reg, sorted(banks))
 
 
-def _capture_launches(monkeypatch):
-    launched = []
-    monkeypatch.setitem(submission._SM_COUNTS, torch.device("cpu"), 132)
-    monkeypatch.setattr(submission, "launch", lambda kernel, grid, tensors, scalars, constexprs, *a: launched.append(
-        (tensors, scalars, constexprs)))
-    monkeypatch.setattr(submission, "kv_descriptors", lambda kv, kv_format="fp8": (kv_format, kv_format))
-    return launched
-
-
 def test_both_hopper_routes_launch_one_kernel_each_with_its_format(monkeypatch):
     """hopper_mxfp4 passes the packed cache's descriptors, the fp8 scale as the range hint and the
     block scales (uint8, row stride 24); hopper_fp8 the fp8 descriptors and no block scales (stride 0)."""
@@ -263,7 +262,7 @@ def test_both_hopper_routes_launch_one_kernel_each_with_its_format(monkeypatch):
     q, kv_data, qo_indptr, kv_indptr, config = data
     submission.hopper_mxfp4_route(*data, num_splits=2)
     submission.hopper_fp8_route(*data, num_splits=2)
-    (mx_tensors, mx_scalars, mx_constexprs), (fp8_tensors, fp8_scalars, fp8_constexprs) = launched
+    (_, mx_tensors, mx_scalars, mx_constexprs), (_, fp8_tensors, fp8_scalars, fp8_constexprs) = launched
     assert mx_constexprs["KV_MXFP4"] is True and fp8_constexprs["KV_MXFP4"] is False
     assert mx_tensors[1:3] == ("mxfp4", "mxfp4") and fp8_tensors[1:3] == ("fp8", "fp8")
     assert mx_tensors[3] is kv_data["fp8"][1] and fp8_tensors[3] is kv_data["fp8"][1]

@@ -127,3 +127,18 @@ def test_median_time_us_times_each_call_once_and_flushes_before_each():
     median = utils.median_time_us(lambda: calls.append(1), 5, flush=lambda: flushes.append(1))
     assert len(calls) == 5 and len(flushes) == 5
     assert median >= 0.0
+
+
+def test_interleaved_median_us_takes_turns_and_flushes_each_call():
+    order, flushes = [], []
+    calls = {"a": (lambda: order.append("a"), lambda: flushes.append("a")),
+             "b": (lambda: order.append("b"), None)}
+    medians = utils.interleaved_median_us(calls, 3)
+    assert order == ["a", "b"] * 3 and flushes == ["a"] * 3
+    assert set(medians) == {"a", "b"} and all(m >= 0.0 for m in medians.values())
+
+
+def test_benchmark_shapes_are_the_benchmark_spec_in_order():
+    cases = utils.read_spec_file(utils.BENCHMARK_SPEC)
+    assert utils.benchmark_shapes() == [(c.args["batchsize"], c.args["kvseqlen"]) for c in cases]
+    assert utils.benchmark_shapes() == [(b, k) for b in (4, 32, 64, 256) for k in (1024, 8192)]
