@@ -45,37 +45,42 @@ KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 #   otherwise the row is skipped and the portable row after it for the same shapes is taken.
 # The last row of each table must match everything and always hold (the catch-all).
 #
-# AITER_ROUTE_TABLE is the seed's v86 table, proven on the MI355X runner:
-#   kv <= 1024: bs <= 4 -> aiter_bf16; bs == 64 -> aiter_fp8 (plain cast, one split);
-#               bs 32, 256 -> aiter_a8w8_persistent page 2, 16 splits if bs <= 32 else 8;
-#   kv > 1024:  aiter_a8w8_persistent page 8, 16 splits if bs <= 4 else 8.
-# With max-only rows the order below gives exactly v86 on the eight leaderboard shapes. Off the
-# leaderboard it differs in one place: kv <= 1024 with 32 < bs < 64 takes aiter_fp8 (v86: page 2,
-# 8 splits); both are valid there. Page 2 at bs 64 / kv 1024 failed the runner's check in the seed's
-# history, which is why that shape stays on aiter_fp8.
-# The catch-all is the runner's own reference configuration (persistent, page 1, per-tensor q
-# scale): valid for any KV lengths (its work plan is rebuilt per call when lengths are not uniform).
+# AITER_ROUTE_TABLE: every row reads every token. Page size 1 everywhere, the runner's own reference
+# configuration; the split counts are NOT tuned on an MI355X (none was ever available here).
+#   kv <= 1024: bs <= 4 -> aiter_bf16; bs <= 32 -> persistent, 16 splits; bs <= 64 -> aiter_fp8
+#               (one split per batch); larger -> persistent, 8 splits;
+#   1024 < kv <= 8192: persistent, 16 splits if bs <= 4 else 8.
+# Why no page > 1 row (docs/runner.md, "page size"): aiter's fp8 persistent decode kernel for q
+# length 1 has no paged build, and every sign says it then reads one token per page: attention
+# over every 2nd token at kv 1024 (rel. L2 0.77 from the truth) and every 8th at kv 8192 (1.03)
+# still pass the runner's loose check (rtol = atol = 0.1, 5% of elements allowed). The seed's
+# page-2 / page-8 rows were "fast" that way. A page > 1 row may come back only after a strict
+# check on an MI355X shows it right: `eval.py test --strict` there, and tune.py's eligibility
+# (rel. L2 within ROUTE_INFO's bound), which rejects it otherwise.
+# The catch-all is the runner's own reference configuration (persistent, page 1, 32 splits,
+# per-tensor q scale): valid for any KV lengths (its work plan is rebuilt per call when the
+# lengths are not uniform).
 #
 # q_scale_mode (fp8 routes): how q (bf16) becomes fp8.
 #   "per_tensor": scale = max|q| / fp8 max, like the reference; right for any q; 4 small launches.
 #   "plain_cast": q.to(fp8) with scale 1, the seed's choice; 1 launch. Right ONLY while
 #       max|q| <= the fp8 max (448 for e4m3fn, 240 for e4m3fnuz): beyond it the cast saturates or
 #       gives NaN (depending on the backend) and the output is wrong. The runner's q is randn
-#       (max|q| about 5), so the v86 rows keep it.
+#       (max|q| about 5), so the table's rows use it.
 # tune.py --write rewrites the literals between the markers; keep them plain literals.
 # BEGIN ROUTE TABLES
 AITER_ROUTE_TABLE = [
     {"max_batch": 4, "max_kv_len": 1024, "route": "aiter_bf16", "params": {}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 2, "num_kv_splits": 16, "q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 1, "num_kv_splits": 16, "q_scale_mode": "plain_cast"}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8",
      "params": {"q_scale_mode": "plain_cast"}},
     {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 2, "num_kv_splits": 8, "q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 1, "num_kv_splits": 8, "q_scale_mode": "plain_cast"}},
     {"max_batch": 4, "max_kv_len": None, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 8, "num_kv_splits": 16, "q_scale_mode": "plain_cast"}},
-    {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 8, "num_kv_splits": 8, "q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 1, "num_kv_splits": 16, "q_scale_mode": "plain_cast"}},
+    {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_kv_splits": 8, "q_scale_mode": "plain_cast"}},
     {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_kv_splits": 32, "q_scale_mode": "per_tensor"}},
 ]
@@ -391,7 +396,7 @@ def page_tables(batch, total_kv, kv_seq_len, page_size, device):
 def quantize_q_fp8(q, fp8_dtype, q_scale_mode):
     """bf16 q -> (fp8 q, float32 scale of shape (1,)) with no host sync; q_scale_mode is described
     above the route tables. The fp8 buffer is cached per (rows, dtype, device) and rewritten by
-    each call: the previous call's kernels read it first (same stream)."""
+    each call: the previous call's kernels, queued before this one on the device, read it first."""
     key = (q.shape[0], fp8_dtype, q.device)
     buffers = _Q_FP8.get(key)
     if buffers is None:
@@ -935,21 +940,9 @@ def _specialisation(arg):
     return (arg.dtype, arg.data_ptr() % 16 == 0)
 
 
-def _raw_stream(device):
-    """The current CUDA stream's handle, as Triton's own launcher gets it: torch's private
-    accessor costs well under a microsecond, torch.cuda.current_stream(device) about 6 us of host
-    time per call on the H200's host (it builds a Stream object)."""
-    if _GET_RAW_STREAM is not None:
-        return _GET_RAW_STREAM(device.index if device.index is not None else torch.cuda.current_device())
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
 def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the second
-    call with the same key straight through the compiled kernel's launcher.
+    call with the same key straight through the compiled kernel's own launcher (compiled[grid]).
 
     Why: Triton's dispatcher re-derives every argument's specialisation and the cache key on each
     call; that host time is inside the runner's timing whenever the GPU waits for the launch, and
@@ -959,7 +952,8 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     1; sm_scale is a float, not specialised), the grid, the constexprs and the launch options, and
     the device. Triton's own path is taken for every call under the interpreter, while a launch
     hook is installed (profilers), and on Triton versions other than the one this call convention
-    was checked on (3.6: it is jit.py's own `kernel.run(...)` call)."""
+    was checked on (3.6: CompiledKernel.__getitem__, which launches on the device's current queue
+    exactly as the dispatcher does)."""
     device = tensors[0].device
     key = (kernel, grid, device, tuple(map(_specialisation, tensors)), scalars[1:],
            tuple(constexprs.items()), num_warps, num_stages)
@@ -969,12 +963,11 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
         if DIRECT_LAUNCH and isinstance(compiled, triton.compiler.CompiledKernel):
             # every constexpr in signature order, defaults included, as Triton's own launch passes them
             values = dict(keyword_defaults(kernel), **constexprs)
-            _COMPILED[key] = (compiled, tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
+            _COMPILED[key] = (compiled[(*grid, 1)],
+                              tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
         return
-    compiled, constexpr_values = entry
-    stream = _raw_stream(device)
-    compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                 *tensors, *scalars, *constexpr_values)
+    run_compiled, constexpr_values = entry
+    run_compiled(*tensors, *scalars, *constexpr_values)
 
 
 _SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets)
@@ -984,7 +977,7 @@ def split_workspace(batch, num_splits, device):
     """Float32 partials and lse for every (batch row, split), two tickets per batch row. Cached per
     shape: allocated once, the tickets zeroed once (the last split of a row resets its arrival
     ticket; the Hopper cooperative merge's counters only grow, by num_splits per call).
-    Two calls on different streams sharing a shape must not overlap (the runner never does)."""
+    Two calls sharing a shape must not run concurrently on the GPU (the runner's never do)."""
     key = (batch, num_splits, device)
     workspace = _SPLIT_WORKSPACES.get(key)
     if workspace is None:
@@ -1678,7 +1671,7 @@ def kv_descriptors(kv, kv_format="fp8"):
     return descriptors
 
 
-_SM_COUNTS = {}  # device -> streaming multiprocessors
+_SM_COUNTS = {}  # device -> multiprocessors (SMs)
 COOPERATIVE_SPLITS = (2, 4, 8, 16, 32, 64)  # split counts whose splits can each merge 512 / splits dims
 SM90_REGISTERS_PER_SM = 65536
 SM90_SHARED_PER_SM = 228 * 1024  # bytes; the system reserves 1 KiB of it per resident program

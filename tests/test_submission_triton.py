@@ -137,13 +137,12 @@ def test_every_triton_table_row_has_a_compile_plan_and_valid_params():
 
 class _FakeCompiled:
     """Stands in for Triton's CompiledKernel: records the direct launches."""
-    function, packed_metadata = "function-handle", "packed-metadata"
-
     def __init__(self):
         self.launches = []
 
-    def run(self, *args):
-        self.launches.append(args)
+    def __getitem__(self, grid):
+        """Triton's own launcher for the compiled kernel: launch(grid, args) on the current queue."""
+        return lambda *args: self.launches.append((grid, args))
 
 
 class _FakeKernel:
@@ -169,7 +168,6 @@ def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
     monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(submission, "keyword_defaults", lambda k: {"M": 7})
     monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
-    monkeypatch.setattr(submission, "_raw_stream", lambda device: 42)  # the same on a machine with CUDA
     monkeypatch.setattr(submission, "_COMPILED", {})
     storage = torch.zeros(64)
     a, b = storage[:16], storage[16:32]
@@ -181,8 +179,7 @@ def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
     assert kernel.dispatched == 1 and not compiled.launches
     call((a, b))
     assert kernel.dispatched == 1
-    assert compiled.launches[-1] == (2, 3, 1, 42, "function-handle", "packed-metadata", None, None, None,
-                                     a, b, 0.5, 16, 3, 7)
+    assert compiled.launches[-1] == ((2, 3, 1), (a, b, 0.5, 16, 3, 7))
     call((a, storage[1:17]))  # a tensor no longer 16-byte aligned: Triton specialises anew
     call((a, b), stride=17)  # a stride's divisibility changed
     call((a, b), n=4)  # another constexpr
