@@ -46,7 +46,8 @@ def main():
                        if (e["bs"], e["kv"]) == (batch, kv) and e["params"] not in param_sets]
         calls = {}
         for (i, module), params in [(m, p) for m in enumerate(modules) for p in param_sets]:
-            fn = (lambda module=module, params=params: module.ROUTES[args.route](*data, **params))
+            def fn(module=module, params=params, data=data):
+                return module.ROUTES[args.route](*data, **params)
             out = fn()
             assert args.no_check or reference.mismatch_ratio(out, expected) <= 0.005, (args.modules[i], params)
             calls[(i, json.dumps(params, sort_keys=True))] = (fn, flush)

@@ -1,7 +1,7 @@
 """The read-once floor of a shape: a Triton kernel that streams a tensor's bytes once and keeps
 only their max (one launch, no compute to speak of), timed like any call. Under the runner's
 flush it pays what every kernel pays there: the launch, the first DRAM round trip after the
-flush, and the write-back of the dirty lines the flush leaves in the L2 (bench/flush_probe.py)."""
+flush, and the write-back of the dirty lines the flush leaves in the L2 (docs/performance-h200.md)."""
 import torch
 import triton
 import triton.language as tl
@@ -12,7 +12,8 @@ def _read_once_kernel(WORDS, OUT, n, BLOCK: tl.constexpr, EVICTION_POLICY: tl.co
     """Tile plan: one program per BLOCK int32 words (32 KiB at BLOCK 8192, 16-byte loads across
     8 warps), its max folded into OUT by one atomic. Bytes: the tensor once; 4 per program out."""
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    words = tl.load(WORDS + offsets, mask=offsets < n, other=0, eviction_policy=EVICTION_POLICY)
+    words = tl.load(WORDS + offsets, mask=offsets < n, other=-2147483648,  # lanes past the end: int32 min
+                    eviction_policy=EVICTION_POLICY)
     tl.atomic_max(OUT, tl.max(words, 0))
 
 

@@ -2,14 +2,14 @@
 
 - Without a GPU, Triton kernels must run in the interpreter: TRITON_INTERPRET=1 has to be set
   before any module that defines @triton.jit kernels is imported, so it is set here, first.
-- The repository root goes on sys.path (task.py, reference.py, utils.py, eval.py, submission.py).
+- The repository root is on sys.path through pytest.ini (`pythonpath = .`): tests import
+  task.py, reference.py, utils.py, eval.py, submission.py, tools/ and bench/ from there.
 - interpreter_fixes.apply(): the interpreter's bf16 dot and float down-casts are made to match the
   GPU, or kernel tests would measure the interpreter's bugs.
-- ``golden_mxfp4_path``: the golden MXFP4 vectors in ../shared (a missing file FAILS the test:
-  CI always has ../shared beside the clone).
+- ``golden_mxfp4_path``: aiter's golden MXFP4 vectors in tests/data (see tests/data/README.md);
+  a missing file FAILS the test rather than skipping it.
 """
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +18,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-import interpreter_fixes  # noqa: E402  (after TRITON_INTERPRET and sys.path: see its docstring)
+import interpreter_fixes  # noqa: E402  (after TRITON_INTERPRET: see its docstring)
 
 interpreter_fixes.apply()
 
-GOLDEN_MXFP4 = REPO_ROOT.parent / "shared" / "golden" / "mxfp4_aiter.pt"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+GOLDEN_MXFP4 = REPO_ROOT / "tests" / "data" / "mxfp4_aiter.pt"
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +34,8 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def golden_mxfp4_path() -> Path:
     if not GOLDEN_MXFP4.exists():
-        pytest.fail(f"golden MXFP4 vectors missing: {GOLDEN_MXFP4} (expected ../shared beside the "
-                    "repository, as CI lays it out)")
+        pytest.fail(f"golden MXFP4 vectors missing: {GOLDEN_MXFP4} (they are part of the repository: "
+                    "tests/data/README.md)")
     return GOLDEN_MXFP4
 
 

@@ -122,7 +122,7 @@ def test_decode_is_exact_for_every_code_and_the_documented_exponent_range():
 
 
 def test_decode_of_golden_rows_from_aiters_quantiser(golden_mxfp4_path):
-    """The golden vectors of ../shared/golden (aiter's own packed bytes and scales: a zero row, a
+    """The golden vectors of tests/data (aiter's own packed bytes and scales: a zero row, a
     tiny one, a huge one, then ordinary ones) decode to their dequantised values, each row as its
     own cache with the kernel's exponent shift for it (_mxfp4_exponent_shift of max |x|). Blocks
     more than 14 binades below the row's largest flush towards 0, by less than 2^(shift - 9)."""

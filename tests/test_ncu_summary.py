@@ -1,15 +1,13 @@
-"""bench/ncu_summary.py on a small hand-made SASS page: it finds the main loop (not the later
+"""bench/profile/ncu_summary.py on a small hand-made SASS page: it finds the main loop (not the later
 spin loop or the out-of-line retry that jumps back into it), splits the samples by region and
 counts the loop's instructions per pass."""
 import csv
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import ncu_summary  # noqa: E402
+from bench.profile import ncu_summary
 
 REASONS = ["stall_long_sb", "stall_barrier", "stall_selected"]
-HEADER = ["Address", "Source", ncu_summary.SAMPLES, ncu_summary.EXECUTED] + REASONS + [r + " (Not Issued)" for r in REASONS]
+HEADER = ["Address", "Source", ncu_summary.SAMPLES, ncu_summary.EXECUTED] + REASONS + \
+    [r + " (Not Issued)" for r in REASONS]
 
 
 def _page(tmp_path, code):

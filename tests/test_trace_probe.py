@@ -1,19 +1,17 @@
-"""bench/trace_probe.py instruments a copy of submission.py by exact-text insertions: every marker
+"""bench/profile/trace_probe.py instruments a copy of submission.py by exact-text insertions: every marker
 must still be found once in today's kernel, and the instrumented Hopper kernel must compile for
 sm_90 (ahead of time, on the CPU) with no spills, so the probe works when a device run needs it."""
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 import submission
+from bench.profile import trace_probe
+from tools import kernel_report as kr
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "bench"))
-import trace_probe  # noqa: E402
-from tools import kernel_report as kr  # noqa: E402
 
 
 def test_every_marker_applies_to_submission():

@@ -3,16 +3,16 @@ first call compiles, the later ones are the ones to profile (ncu --launch-skip).
 process, so each profile's kernel launches are counted from zero.
 
     ncu --clock-control none -k regex:hopper --launch-skip 2 --launch-count 1 \\
-        --set full python3 bench/ncu_probe.py 256 1024
+        --set full python3 bench/profile/ncu_probe.py 256 1024
 
-(bench/ncu_run.sh runs it for a list of shapes and writes the reports.)
+(bench/profile/ncu_run.sh runs it for a list of shapes and writes the reports.)
 """
 import os
 import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, ROOT)
 import reference  # noqa: E402
 import submission  # noqa: E402

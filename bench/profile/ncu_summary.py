@@ -1,7 +1,7 @@
 """Summarises Nsight Compute's per-instruction SASS page (`ncu -i REPORT --page source --csv
---print-source sass`, as bench/ncu_run.sh writes it): where the warps' stall samples fall.
+--print-source sass`, as bench/profile/ncu_run.sh writes it): where the warps' stall samples fall.
 
-    python3 bench/ncu_summary.py ncu_4x1024_sass.csv [--top 25] [--split LINE,LINE,...]
+    python3 bench/profile/ncu_summary.py ncu_4x1024_sass.csv [--top 25] [--split LINE,LINE,...]
 
 Prints the samples by stall reason over the whole kernel; by region (before the main loop, the
 main loop, after it: the main loop is the first-starting backward branch over 200 or more rows; or the
@@ -66,7 +66,7 @@ def summarise(header, rows, top=25, splits=None):
     edges = [0] + (splits if splits else ([loop[0], loop[1] + 1] if loop else [])) + [len(rows)]
     out.append(f"backward branches (target, branch): {backward_branches(rows)}")
     out.append("regions (SASS rows):" + ("" if splits else f" main loop {loop}"))
-    for first, end in zip(edges, edges[1:]):
+    for first, end in zip(edges, edges[1:], strict=False):
         part = rows[first:end]
         reasons = ", ".join(f"{k} {v}" for k, v in stall_counts(header, part).most_common(4))
         out.append(f"  {first:5d}-{end:5d}: {100 * sum(map(samples, part)) / total:5.1f}% of samples, "

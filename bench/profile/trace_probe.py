@@ -10,7 +10,7 @@ runner (L2 flushed, CUDA events around one call) and prints, per shape: the even
 kernel's span (first program start -> last program end); how late the last program starts; and
 per-program medians of each phase.
 
-    python bench/trace_probe.py [--shapes 4x1024,256x8192] [--repeats 20]
+    python bench/profile/trace_probe.py [--shapes 4x1024,256x8192] [--repeats 20]
 """
 import argparse
 import os
@@ -20,7 +20,7 @@ import tempfile
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, ROOT)
 import eval as runner  # noqa: E402
 import reference  # noqa: E402
@@ -47,7 +47,8 @@ INSERTIONS = [
      "            c0 = {C}\n            mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n            c1 = {C}\n"
      "            wait_cycles += c1 - c0\n"),
     ("            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n",
-     "            c2 = {C}\n            s_cycles += c2 - c1\n            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n"),
+     "            c2 = {C}\n            s_cycles += c2 - c1\n"
+     "            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n"),
     ("            # two products in flight", "            c3 = {C}\n            softmax_cycles += c3 - c2\n"
      "            # two products in flight"),
     ("            acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))\n",
@@ -80,7 +81,7 @@ def instrumented_source(path):
     for marker, text in INSERTIONS:
         assert src.count(marker) == 1, f"marker not found exactly once: {marker[:60]!r}"
         src = src.replace(marker, text.replace("{S}", STAMP).replace("{C}", CLOCK))
-    return src + "\nTRACE_BUFFER = None  # set by bench/trace_probe.py\n"
+    return src + "\nTRACE_BUFFER = None  # set by bench/profile/trace_probe.py\n"
 
 
 def median(values):
@@ -110,7 +111,10 @@ def main():
             row = dict(row, params=dict(row["params"], num_splits=int(splits)))
         programs = batch * row["params"].get("num_splits", 1)
         module.TRACE_BUFFER = torch.zeros(programs * SLOTS, dtype=torch.int64, device="cuda")
-        call = lambda: module.hopper_fp8_route(*data, **row["params"])  # noqa: E731
+
+        def call(data=data, row=row):
+            return module.hopper_fp8_route(*data, **row["params"])
+
         expected = reference.ref_kernel(data)
         assert reference.mismatch_ratio(call(), expected) <= 0.005, shape
         events, spans, late, phases, tile_ns, tiles = [], [], [], [[] for _ in range(4)], [[] for _ in range(4)], []
