@@ -1,8 +1,8 @@
-"""The Hopper route (submission.py, HOPPER ROUTE section) on a machine without sm_90: it must be
-absent, its table rows skipped in favour of the portable row that follows each, its inputs
-refused before any GPU work, and its launch key must tell TMA descriptors apart. Its kernel is
-compiled for sm_90 by tests/test_kernel_report.py and checked numerically on an H200 by
-bench/hopper_probe.py (bench/h200/hopper_checks.txt): Gluon kernels have no CPU interpreter."""
+"""The Hopper route (submission.py, HOPPER ROUTE section) on any machine: present exactly on sm_90
+with Gluon, its table rows taken there and skipped elsewhere in favour of the portable row that
+follows each, its inputs refused before any GPU work, and its launch key must tell TMA descriptors
+apart. Its kernel is compiled for sm_90 by tests/test_kernel_report.py and checked numerically on
+an sm_90 GPU by tests/gpu/ (Gluon kernels have no CPU interpreter)."""
 import math
 
 import numpy as np
@@ -16,11 +16,12 @@ LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 81
                (256, 8192)]
 
 
-def test_absent_off_hopper():
-    assert not submission.HOPPER  # CPU (or any non-sm_90 machine) runs these tests
-    assert "hopper_fp8" not in submission.ROUTES and "hopper_mxfp4" not in submission.ROUTES
+def test_present_exactly_on_sm90_with_gluon():
+    on_sm90 = (torch.cuda.is_available() and torch.version.hip is None
+               and torch.cuda.get_device_capability()[0] == 9)
+    assert submission.HOPPER == (on_sm90 and submission.HAVE_GLUON)
+    assert ("hopper_fp8" in submission.ROUTES) == submission.HOPPER
     assert submission.ROUTE_INFO["hopper_fp8"]["portable"] is False
-    assert submission.ROUTE_INFO["hopper_mxfp4"] == {"kv_format": "mxfp4", "rel_l2_bound": 0.2, "portable": False}
 
 
 def test_every_hopper_row_is_followed_by_a_portable_row_for_the_same_shapes():
@@ -34,10 +35,20 @@ def test_every_hopper_row_is_followed_by_a_portable_row_for_the_same_shapes():
 
 
 @pytest.mark.parametrize("batch,kv_len", LEADERBOARD)
-def test_off_hopper_each_shape_takes_its_portable_row(batch, kv_len):
+def test_off_hopper_each_shape_takes_its_portable_row(monkeypatch, batch, kv_len):
+    monkeypatch.delitem(submission.ROUTES, "hopper_fp8", raising=False)  # as on any machine but sm_90
     row = submission.select_route(batch, kv_len, True, submission.TRITON_ROUTE_TABLE)
     assert row["route"] == "triton_fp8"
     assert (row["max_batch"], row["max_kv_len"]) == (batch, kv_len)
+
+
+def test_this_machine_takes_the_hopper_rows_exactly_when_it_has_the_route():
+    """Nothing patched: on sm_90 (HOPPER) the Hopper rows, elsewhere the portable rows."""
+    hopper_shapes = {(r["max_batch"], r["max_kv_len"]) for r in submission.TRITON_ROUTE_TABLE
+                     if r["route"] == "hopper_fp8"}
+    for shape in LEADERBOARD:
+        route = submission.select_route(*shape, True, submission.TRITON_ROUTE_TABLE)["route"]
+        assert route == ("hopper_fp8" if submission.HOPPER and shape in hopper_shapes else "triton_fp8"), shape
 
 
 def test_on_hopper_the_hopper_rows_are_taken(monkeypatch):
@@ -136,20 +147,17 @@ def test_cooperative_merge_grid_rule_is_the_routes(monkeypatch):
         ((64, 4), True), ((64, 4), False)]
 
 
-@pytest.mark.parametrize("kv_format,route,portable", [("fp8", "hopper_fp8_route", "triton_fp8_route"),
-                                                      ("mxfp4", "hopper_mxfp4_route", "triton_mxfp4_route")])
-def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch, kv_format, route, portable):
+def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch):
     q, kv_data, qo_indptr, kv_indptr, config = reference.generate_input(2, 1, 70, 3, device="cpu")
-    kv, scale = kv_data[kv_format]
+    kv, scale = kv_data["fp8"]
     assert submission.tma_can_read(kv)
     row = kv.shape[-1]  # bytes: rows 16 B longer, starting 8 B in (misaligned)
     wide = torch.zeros(kv.shape[0], 1, row + 16, dtype=torch.uint8).view(kv.dtype)[:, :, 8:8 + row]
     wide.copy_(kv)
     assert not submission.tma_can_read(wide)
     calls = []
-    monkeypatch.setattr(submission, portable, lambda *a, **k: calls.append(k) or "portable")
-    out = getattr(submission, route)(q, dict(kv_data, **{kv_format: (wide, scale)}), qo_indptr, kv_indptr, config,
-                                     num_splits=4)
+    monkeypatch.setattr(submission, "triton_fp8_route", lambda *a, **k: calls.append(k) or "portable")
+    out = submission.hopper_fp8_route(q, dict(kv_data, fp8=(wide, scale)), qo_indptr, kv_indptr, config, num_splits=4)
     assert out == "portable" and calls == [{"num_splits": 4}]
 
 
@@ -254,56 +262,24 @@ def test_v_chunk_loads_are_free_of_bank_conflicts():
         assert len(banks) == 32, (reg, sorted(banks))
 
 
-def test_both_hopper_routes_launch_one_kernel_each_with_its_format(monkeypatch):
-    """hopper_mxfp4 passes the packed cache's descriptors, the fp8 scale as the range hint and the
-    block scales (uint8, row stride 24); hopper_fp8 the fp8 descriptors and no block scales (stride 0)."""
+def test_the_route_launches_one_kernel_with_the_fp8_descriptors(monkeypatch):
+    """hopper_fp8 passes the fp8 cache's TMA descriptors and its per-tensor scale, one launch of
+    (batch, splits) programs."""
     launched = _capture_launches(monkeypatch)
     data = reference.generate_input(4, 1, 300, 3, device="cpu")
-    q, kv_data, qo_indptr, kv_indptr, config = data
-    submission.hopper_mxfp4_route(*data, num_splits=2)
+    kv_data = data[1]
     submission.hopper_fp8_route(*data, num_splits=2)
-    (_, mx_tensors, mx_scalars, mx_constexprs), (_, fp8_tensors, fp8_scalars, fp8_constexprs) = launched
-    assert mx_constexprs["KV_MXFP4"] is True and fp8_constexprs["KV_MXFP4"] is False
-    assert mx_tensors[1:3] == ("mxfp4", "mxfp4") and fp8_tensors[1:3] == ("fp8", "fp8")
-    assert mx_tensors[3] is kv_data["fp8"][1] and fp8_tensors[3] is kv_data["fp8"][1]
-    scales = mx_tensors[-1]
-    assert scales.dtype == torch.uint8 and scales.data_ptr() == kv_data["mxfp4"][1].data_ptr()
-    assert mx_scalars[-1] == scales.stride(0) == 24 and fp8_scalars[-1] == 0
-
-
-def test_mxfp4_route_refuses_a_missing_range_hint():
-    q, kv_data, qo_indptr, kv_indptr, config = reference.generate_input(2, 1, 64, 1, device="cpu")
-    no_fp8 = {k: v for k, v in kv_data.items() if k != "fp8"}
-    with pytest.raises(ValueError, match='kv_data\\["fp8"\\]'):
-        submission.hopper_mxfp4_route(q, no_fp8, qo_indptr, kv_indptr, config)
-    with pytest.raises(ValueError, match='kv_data\\["fp8"\\]'):
-        submission.hopper_mxfp4_route(q, dict(kv_data, fp8=(kv_data["fp8"][0], torch.ones(2))), qo_indptr,
-                                      kv_indptr, config)
-
-
-@pytest.mark.skipif(not submission.HAVE_GLUON, reason="this Triton has no Gluon: no Hopper plan")
-def test_mxfp4_compile_plans_read_packed_words_and_byte_scales():
-    plans = submission.triton_compile_plan("hopper_mxfp4", {"num_splits": 4})
-    assert [p["constexprs"]["COOPERATIVE_MERGE"] for p in plans] == [False, True]
-    for plan in plans:
-        assert plan["kernel"] is submission._mla_decode_fp8_hopper_kernel and plan["targets"] == ["sm90"]
-        assert plan["constexprs"]["KV_MXFP4"] is True
-        assert plan["signature"]["lat_desc"].startswith("tensordesc<i32[64, 16]")
-        assert plan["signature"]["rope_desc"].startswith("tensordesc<i32[64, 8]")
-        assert plan["signature"]["BLOCK_SCALES"] == "*u8"
-        assert "stride_scales" not in plan["aligned_args"]  # 24 bytes: not a multiple of 16
-    [fp8_plan] = submission.triton_compile_plan("hopper_fp8", {"num_splits": 1})
-    assert fp8_plan["constexprs"]["KV_MXFP4"] is False and fp8_plan["signature"]["BLOCK_SCALES"] == "*fp32"
+    [(grid, tensors, _, constexprs)] = launched
+    assert grid == (4, 2) and constexprs["NUM_SPLITS"] == 2
+    assert tensors[1:3] == ("fp8", "fp8") and tensors[3] is kv_data["fp8"][1]
 
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="this Triton has no Gluon: no TMA descriptors")
-def test_mxfp4_descriptors_see_the_packed_rows_as_72_words():
-    packed = reference.generate_input(1, 1, 300, 3, device="cpu")[1]["mxfp4"][0]
+def test_fp8_descriptors_box_the_cache_rows_in_64_tokens():
+    """Latent boxes of 64 tokens x 128 dims, rope boxes of 64 x 64, over the cache's own memory."""
+    kv = reference.generate_input(1, 1, 300, 3, device="cpu")[1]["fp8"][0]
     submission._KV_DESCRIPTORS.clear()
-    latent, rope = submission.kv_descriptors(packed, "mxfp4")
-    assert latent.base.dtype == torch.int32 and list(latent.shape) == [300, 72] and list(latent.strides) == [72, 1]
-    assert list(latent.block_shape) == [64, 16] and list(rope.block_shape) == [64, 8]
-    assert latent.base.data_ptr() == packed.data_ptr()
-    fp8_latent, _ = submission.kv_descriptors(reference.generate_input(1, 1, 300, 3, device="cpu")[1]["fp8"][0])
-    assert list(fp8_latent.block_shape) == [64, 128] and fp8_latent.base.dtype == torch.float8_e4m3fn
+    latent, rope = submission.kv_descriptors(kv)
+    assert latent.base.dtype == torch.float8_e4m3fn and latent.base.data_ptr() == kv.data_ptr()
+    assert list(latent.block_shape) == [64, 128] and list(rope.block_shape) == [64, 64]
     submission._KV_DESCRIPTORS.clear()

@@ -18,8 +18,8 @@ def dequantised_attention_float64(data, quantise_q=False):
     """float64 attention over the dequantised fp8 cache: what the route computes, minus rounding."""
     q, kv_data, _, kv_indptr, config = data
     kv8, scale = kv_data["fp8"]
-    if quantise_q:
-        q8, q_scale = reference.quantize_fp8(q, dtype=kv8.dtype)
+    if quantise_q:  # per tensor in float32, as the route's q_scale="tensor" (the reference rounds in bf16)
+        q8, q_scale = reference.quantize_fp8(q.float(), dtype=kv8.dtype)
         q = q8.double() * q_scale.double()
     kv = kv8.double()[:, 0] * scale.double()
     bounds = kv_indptr.tolist()
@@ -90,7 +90,7 @@ def test_per_tensor_and_per_program_q_scales_agree_within_fp8_rounding():
     program = submission.triton_fp8_route(*data, q_scale="program")
     tensor = submission.triton_fp8_route(*data, q_scale="tensor")
     assert rel(program, tensor) < 0.05
-    # the per-tensor mode computes what the reference computes: same q quantisation
+    # the per-tensor mode computes attention over q quantised per tensor (in float32)
     assert rel(tensor, dequantised_attention_float64(data, quantise_q=True)) < 0.005
 
 
@@ -111,15 +111,34 @@ def test_a_zero_output_fails_the_strict_bound():
     assert reference.rel_l2_error(zeros, data) > submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]
 
 
-def test_custom_kernel_runs_the_triton_table_without_aiter():
-    if submission.HAVE_AITER:
-        pytest.skip("aiter present: the aiter table is active")
+def _run_custom_kernel_checked(expected_route):
+    """custom_kernel on a small input: the row select_route names, within its route's strict bound,
+    passing the runner's check."""
     data = reference.generate_input(2, 1, 96, seed=4, device=DEVICE)
+    row = submission.select_route(2, 96, True, submission.TRITON_ROUTE_TABLE)
+    assert row["route"] == expected_route
     out = submission.custom_kernel(data)
-    assert submission.LAST_ROUTE.startswith("triton_fp8")
-    assert reference.rel_l2_error(out, data) <= submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]
+    assert submission.LAST_ROUTE == f"{row['route']} {row['params']}"
+    assert reference.rel_l2_error(out, data) <= submission.ROUTE_INFO[row["route"]]["rel_l2_bound"]
     ok, message = reference.check_implementation(data, out)
     assert ok, message
+
+
+def test_custom_kernel_runs_the_triton_table_without_aiter(monkeypatch):
+    """The machine's own routes: on sm_90 the table's Hopper row comes first, elsewhere its portable row."""
+    if submission.HAVE_AITER:
+        pytest.skip("aiter present: the aiter table is active")
+    monkeypatch.setattr(submission, "_SELECTED", {})  # select afresh
+    _run_custom_kernel_checked("hopper_fp8" if submission.HOPPER else "triton_fp8")
+
+
+@pytest.mark.skipif(not submission.HOPPER, reason="no Hopper route here: the test above runs the portable row")
+def test_custom_kernel_takes_the_portable_row_without_the_hopper_route(monkeypatch):
+    if submission.HAVE_AITER:
+        pytest.skip("aiter present: the aiter table is active")
+    monkeypatch.delitem(submission.ROUTES, "hopper_fp8")
+    monkeypatch.setattr(submission, "_SELECTED", {})  # rows chosen with the Hopper route present
+    _run_custom_kernel_checked("triton_fp8")
 
 
 def test_every_triton_table_row_has_a_compile_plan_and_valid_params():
