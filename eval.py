@@ -8,9 +8,11 @@ Two ways to run it:
        POPCORN_FD=3 python eval.py test|benchmark|leaderboard|profile SPECFILE [--submission PATH]
                                    [--l2-flush default|runner|none]
 
-   Results go to file descriptor POPCORN_FD as `key: value` lines; every case runs in a fresh
-   spawned process (a 'spawn' pool of one worker); POPCORN_SEED, when set, is combined into each
-   case seed. Exit codes: 0 pass, 112 failed check, 2 bad mode/arguments, 111 when runner mode was
+   Results go to file descriptor POPCORN_FD as `key: value` lines. As in the runner, all the cases
+   of the mode run in ONE spawned worker process (a 'spawn' Pool(1) created once, every case sent
+   with apply): submission.py is imported once there, so its module state and caches live across
+   the cases, the benchmark warm-up included. POPCORN_SEED, when set, is combined into each case
+   seed. Exit codes: 0 pass, 112 failed check, 2 bad mode/arguments, 111 when runner mode was
    asked for with --popcorn but POPCORN_FD is missing or unusable.
 
 2. Human mode, when POPCORN_FD is unset (and --popcorn not given):
@@ -22,20 +24,22 @@ Two ways to run it:
    Prints one table per run: route, mean +- err, best, reference time, speedup, GB/s and % of the
    measured copy bandwidth, mismatch ratio vs the 5% limit, rel. L2 error vs float64 attention.
    Without a GPU it uses specs/cpu.txt and says that CPU times mean nothing. Cases run in this
-   process unless --spawn. Exit codes: 0 all pass, 112 a case failed, 2 bad arguments.
+   process, or with --spawn in one spawned worker as in runner mode. Exit codes: 0 all pass,
+   112 a case failed, 2 bad arguments.
 """
 import argparse
 import base64
 import dataclasses
 import json
+import multiprocessing
 import os
 import sys
-import time
 import traceback
 
+# Project modules (utils, reference) are imported inside the functions: the argument and
+# POPCORN_FD errors are answered without importing torch. They resolve because eval.py sits next
+# to them (its directory is on sys.path when it runs; spawned workers inherit sys.path).
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 MODES = ("test", "benchmark", "leaderboard", "profile")
 EXIT_OK = 0
@@ -43,14 +47,13 @@ EXIT_BAD_ARGS = 2
 EXIT_NO_FD = 111
 EXIT_FAIL = 112
 
-# the runner's timing parameters
+# the runner's timing parameters (its stop rule and wall limit are utils.should_stop's)
 BENCH_MAX_REPEATS = 1000
 BENCH_MAX_TIME_NS = 50e9
 LEADERBOARD_MAX_REPEATS = 100
 LEADERBOARD_MAX_TIME_NS = 30e9
 WARMUP_MAX_REPEATS = 100
 WARMUP_MAX_TIME_NS = 1e8
-MAX_WALL_NS = 120e9
 RECHECK_SEED_STEP = 13
 
 # human mode extras
@@ -76,19 +79,6 @@ def default_submission_path() -> str:
     return cwd_sub if os.path.exists(cwd_sub) else os.path.join(HERE, "submission.py")
 
 
-def _prepare_environment():
-    """Import torch, and on a machine without a GPU make Triton kernels run in the interpreter
-    (must happen before the submission's kernels are decorated)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    import interpreter_fixes  # the interpreter's own numerics bugs would make CPU results wrong
-
-    interpreter_fixes.apply()
-    return torch
-
-
 _LOADED = {}
 
 
@@ -100,11 +90,13 @@ def load_submission(path: str, module_name: str = "submission"):
     (e.g. in a test session) is left alone."""
     import importlib.util
 
+    import utils
+
     path = os.path.abspath(path)
     key = (path, module_name)
     if key in _LOADED:
         return _LOADED[key]
-    _prepare_environment()
+    utils.prepare_environment()
     sub_dir = os.path.dirname(path)
     if sub_dir not in sys.path:
         sys.path.append(sub_dir)
@@ -170,19 +162,19 @@ def run_test_case(sub, args: dict, device=None):
 
 def run_benchmark_case(sub, args: dict, *, recheck: bool, max_repeats: int, max_time_ns: float,
                        flush_mode: str = "default", device=None, initial_check: bool = True,
-                       max_wall_ns: float = MAX_WALL_NS, flusher=None):
+                       flusher=None):
     """One correctness check, then timed repeats of ONE custom_kernel(data) call each
-    (synchronize + L2 flush before each). With ``recheck`` every repeat uses a new input
-    (seed += 13) and is checked. Returns utils.Stats, or an error string."""
+    (synchronize + L2 flush before each, utils.time_repeats). With ``recheck`` every repeat uses
+    a new input (seed += 13) and is checked. Returns utils.Stats, or an error string."""
     import reference
     import utils
 
     args = _input_args(args, device)
-    data = reference.generate_input(**args)
-    dev = data[0].device
+    state = {"data": reference.generate_input(**args)}
+    dev = state["data"][0].device
     if initial_check:
-        check_copy = reference.clone_data(data)
-        output = sub.custom_kernel(data)
+        check_copy = reference.clone_data(state["data"])
+        output = sub.custom_kernel(state["data"])
         utils.synchronize(dev)
         ok, message = reference.check_implementation(check_copy, output)
         if not ok:
@@ -190,24 +182,21 @@ def run_benchmark_case(sub, args: dict, *, recheck: bool, max_repeats: int, max_
         del output, check_copy
     if flusher is None:
         flusher = utils.L2Flusher(flush_mode, dev)
-    durations = []
-    wall0 = time.perf_counter_ns()
-    for _ in range(max_repeats):
-        if recheck:
-            args["seed"] = int(args["seed"]) + RECHECK_SEED_STEP
-            data = reference.generate_input(**args)
-            check_copy = reference.clone_data(data)
-        output, ns = utils.time_call(lambda: sub.custom_kernel(data), dev, flusher)
-        if recheck:
-            ok, message = reference.check_implementation(check_copy, output)
-            if not ok:
-                return message
-        del output
-        durations.append(ns)
-        if utils.should_stop(durations, time.perf_counter_ns() - wall0, max_time_ns=max_time_ns,
-                             max_wall_ns=max_wall_ns):
-            break
-    return utils.calculate_stats(durations)
+
+    def new_input():
+        args["seed"] = int(args["seed"]) + RECHECK_SEED_STEP
+        state["data"] = reference.generate_input(**args)
+        state["check"] = reference.clone_data(state["data"])
+
+    def check(output):
+        ok, message = reference.check_implementation(state["check"], output)
+        return None if ok else message
+
+    durations, failure = utils.time_repeats(
+        lambda: sub.custom_kernel(state["data"]), dev, flusher, max_repeats=max_repeats,
+        max_time_ns=max_time_ns, before=new_input if recheck else None,
+        after=check if recheck else None)
+    return failure if failure is not None else utils.calculate_stats(durations)
 
 
 def run_profile_case(sub, args: dict, device=None) -> str:
@@ -231,13 +220,14 @@ def run_profile_case(sub, args: dict, device=None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Spawned workers (one fresh process per case, as the runner)
+# Where the cases run: one spawned worker per mode (as the runner), or this process
 
 
-def _worker_entry(job: dict) -> dict:
-    """Runs in the spawned process: load the submission as `submission`, run one case."""
+def run_job(sub, job: dict) -> dict:
+    """Run one job (one case of a mode, or the benchmark warm-up) with the loaded submission.
+    Returns a dict with "ok" and the job's result ("message", "stats", "report" or a human row);
+    an exception becomes {"ok": False, "message": its traceback}."""
     try:
-        sub = load_submission(job["submission"], "submission")
         kind = job["kind"]
         if kind == "test":
             ok, message = run_test_case(sub, job["args"])
@@ -245,7 +235,8 @@ def _worker_entry(job: dict) -> dict:
         if kind == "benchmark":
             result = run_benchmark_case(
                 sub, job["args"], recheck=job["recheck"], max_repeats=job["max_repeats"],
-                max_time_ns=job["max_time_ns"], flush_mode=job.get("flush_mode", "default"))
+                max_time_ns=job["max_time_ns"], flush_mode=job.get("flush_mode", "default"),
+                device=job.get("device"))
             if isinstance(result, str):
                 return {"ok": False, "message": result}
             return {"ok": True, "stats": dataclasses.asdict(result)}
@@ -258,18 +249,88 @@ def _worker_entry(job: dict) -> dict:
         return {"ok": False, "message": traceback.format_exc()}
 
 
-def run_spawned(job: dict) -> dict:
-    """Run ``job`` in a fresh spawned process (a pool of one 'spawn' worker) and return its
-    result; a worker that dies is reported as a failure."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = multiprocessing.get_context("spawn")
+def _worker_entry(job: dict) -> dict:
+    """Runs in the spawned worker: the submission is imported as `submission` on the first job
+    (load_submission caches it), so every later job of the mode calls the same module."""
     try:
-        with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-            return pool.submit(_worker_entry, job).result()
-    except Exception as exc:
-        return {"ok": False, "message": f"worker process failed: {exc!r}"}
+        sub = load_submission(job["submission"], "submission")
+    except Exception:
+        return {"ok": False, "message": traceback.format_exc()}
+    return run_job(sub, job)
+
+
+class SpawnedWorker:
+    """One spawned worker process for all the jobs of a mode, as the runner: a 'spawn' Pool(1)
+    created once, every job sent to it in turn. Use as a context manager.
+
+    ``run(job)`` is the runner's pool.apply, with one difference: when the worker process dies
+    (a crash in the submission), the runner's pool would start a fresh worker and wait forever
+    for the lost job; here the job fails and so does every later one (the mode is over)."""
+
+    POLL_S = 1.0  # how often a waiting run() checks that the worker is alive
+
+    def __init__(self):
+        self.pool = multiprocessing.get_context("spawn").Pool(1)
+        self.pid = self.pool.apply(os.getpid)  # the one worker, to notice when it dies
+        self.died = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        self.close(terminate=exc_type is not None)
+        return False
+
+    def _alive(self) -> bool:
+        return any(p.pid == self.pid for p in multiprocessing.active_children())
+
+    def run(self, job: dict) -> dict:
+        if self.died:
+            return {"ok": False, "message": self.died}
+        pending = self.pool.apply_async(_worker_entry, (job,))
+        while True:
+            try:
+                return pending.get(timeout=self.POLL_S)
+            except multiprocessing.TimeoutError:
+                if not self._alive():
+                    self.died = (f"the worker process (pid {self.pid}) died during a case (e.g. a "
+                                 "crash in the submission); no later case ran")
+                    return {"ok": False, "message": self.died}
+            except Exception as exc:  # e.g. a result that cannot be sent back
+                return {"ok": False, "message": f"worker failed: {exc!r}"}
+
+    def close(self, terminate: bool = False) -> None:
+        """Let the worker exit (terminate it when it died: the pool still waits for the lost
+        job, and close() would wait forever)."""
+        if terminate or self.died:
+            self.pool.terminate()
+        else:
+            self.pool.close()
+        self.pool.join()
+
+
+class InProcess:
+    """The same interface as SpawnedWorker for a submission loaded in this process."""
+
+    def __init__(self, sub):
+        self.sub = sub
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run(self, job: dict) -> dict:
+        return run_job(self.sub, job)
+
+
+def warmup_job(submission: str, args: dict, *, max_repeats: int = WARMUP_MAX_REPEATS,
+               flush_mode: str = "default", device=None) -> dict:
+    """The runner's benchmark warm-up: timed repeats of the first case, not reported."""
+    return {"kind": "benchmark", "submission": submission, "args": args, "recheck": False,
+            "max_repeats": max_repeats, "max_time_ns": WARMUP_MAX_TIME_NS,
+            "flush_mode": flush_mode, "device": device}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,10 +351,75 @@ class PopcornLog:
         self.file.flush()
 
 
+def _log_failure(log, prefix: str, res: dict) -> None:
+    log.log(f"{prefix}.status", "fail")
+    log.log(f"{prefix}.error", res.get("message", "failed"))
+
+
+def popcorn_test(worker, cases, submission: str, log) -> bool:
+    """mode test: every case checked; returns whether all passed."""
+    passed = True
+    log.log("test-count", len(cases))
+    for i, case in enumerate(cases):
+        log.log(f"test.{i}.spec", case.spec)
+        res = worker.run({"kind": "test", "submission": submission, "args": case.args})
+        if res.get("ok"):
+            log.log(f"test.{i}.status", "pass")
+            if res.get("message"):
+                log.log(f"test.{i}.message", res["message"])
+        else:
+            passed = False
+            _log_failure(log, f"test.{i}", res)
+    return passed
+
+
+def popcorn_benchmark(worker, cases, submission: str, log, *, recheck: bool,
+                      flush_mode: str) -> bool:
+    """modes benchmark and leaderboard (``recheck``): a warm-up on the first case, then every
+    case checked and timed; leaderboard stops at the first failing case."""
+    if cases:  # warm-up, not reported
+        worker.run(warmup_job(submission, cases[0].args, flush_mode=flush_mode))
+    passed = True
+    log.log("benchmark-count", len(cases))
+    for i, case in enumerate(cases):
+        log.log(f"benchmark.{i}.spec", case.spec)
+        res = worker.run({
+            "kind": "benchmark", "submission": submission, "args": case.args, "recheck": recheck,
+            "max_repeats": LEADERBOARD_MAX_REPEATS if recheck else BENCH_MAX_REPEATS,
+            "max_time_ns": LEADERBOARD_MAX_TIME_NS if recheck else BENCH_MAX_TIME_NS,
+            "flush_mode": flush_mode})
+        if res.get("ok"):
+            for field in ("runs", "mean", "std", "err", "best", "worst"):
+                log.log(f"benchmark.{i}.{field}", res["stats"][field])
+        else:
+            passed = False
+            _log_failure(log, f"benchmark.{i}", res)
+            if recheck:
+                break  # leaderboard: the first failing case stops the run
+    return passed
+
+
+def popcorn_profile(worker, cases, submission: str, log) -> bool:
+    """mode profile: a base64 torch.profiler table per case."""
+    passed = True
+    log.log("benchmark-count", len(cases))
+    for i, case in enumerate(cases):
+        log.log(f"benchmark.{i}.spec", case.spec)
+        res = worker.run({"kind": "profile", "submission": submission, "args": case.args})
+        if res.get("ok"):
+            report = base64.b64encode(res["report"].encode("utf-8")).decode("ascii")
+            log.log(f"benchmark.{i}.report", report)
+        else:
+            passed = False
+            _log_failure(log, f"benchmark.{i}", res)
+    return passed
+
+
 def popcorn_main(mode: str, spec_path: str, submission: str, fd: int, flush_mode: str = "default") -> int:
-    """The runner's modes on its file descriptor. flush_mode (--l2-flush): "runner" is the runner's
-    own 62.5 GiB randn, which hides any host path under ~15 ms; "default" (512 MiB zeroed, about
-    0.1 ms) is faster and stricter: a host path slower than the flush shows in the times."""
+    """The runner's modes on its file descriptor, all cases of the mode in one SpawnedWorker.
+    flush_mode (--l2-flush): "runner" is the runner's own 62.5 GiB randn, which hides any host
+    path under ~15 ms; "default" (512 MiB zeroed, about 0.1 ms) is faster and stricter: a host
+    path slower than the flush shows in the times."""
     import utils
 
     try:
@@ -302,56 +428,14 @@ def popcorn_main(mode: str, spec_path: str, submission: str, fd: int, flush_mode
         print(f"eval.py: cannot read spec file {spec_path}: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
     log = PopcornLog(fd)
-    passed = True
-    if mode == "test":
-        log.log("test-count", len(cases))
-        for i, case in enumerate(cases):
-            log.log(f"test.{i}.spec", case.spec)
-            res = run_spawned({"kind": "test", "submission": submission, "args": case.args})
-            if res.get("ok"):
-                log.log(f"test.{i}.status", "pass")
-                if res.get("message"):
-                    log.log(f"test.{i}.message", res["message"])
-            else:
-                passed = False
-                log.log(f"test.{i}.status", "fail")
-                log.log(f"test.{i}.error", res.get("message", "failed"))
-    elif mode in ("benchmark", "leaderboard"):
-        recheck = mode == "leaderboard"
-        if cases:  # warm-up on the first case, not reported
-            run_spawned({"kind": "benchmark", "submission": submission, "args": cases[0].args,
-                         "recheck": False, "max_repeats": WARMUP_MAX_REPEATS,
-                         "max_time_ns": WARMUP_MAX_TIME_NS, "flush_mode": flush_mode})
-        log.log("benchmark-count", len(cases))
-        for i, case in enumerate(cases):
-            log.log(f"benchmark.{i}.spec", case.spec)
-            res = run_spawned({
-                "kind": "benchmark", "submission": submission, "args": case.args,
-                "recheck": recheck,
-                "max_repeats": LEADERBOARD_MAX_REPEATS if recheck else BENCH_MAX_REPEATS,
-                "max_time_ns": LEADERBOARD_MAX_TIME_NS if recheck else BENCH_MAX_TIME_NS,
-                "flush_mode": flush_mode})
-            if res.get("ok"):
-                for field in ("runs", "mean", "std", "err", "best", "worst"):
-                    log.log(f"benchmark.{i}.{field}", res["stats"][field])
-            else:
-                passed = False
-                log.log(f"benchmark.{i}.status", "fail")
-                log.log(f"benchmark.{i}.error", res.get("message", "failed"))
-                if recheck:
-                    break  # leaderboard: the first failing case stops the run
-    elif mode == "profile":
-        log.log("benchmark-count", len(cases))
-        for i, case in enumerate(cases):
-            log.log(f"benchmark.{i}.spec", case.spec)
-            res = run_spawned({"kind": "profile", "submission": submission, "args": case.args})
-            if res.get("ok"):
-                report = base64.b64encode(res["report"].encode("utf-8")).decode("ascii")
-                log.log(f"benchmark.{i}.report", report)
-            else:
-                passed = False
-                log.log(f"benchmark.{i}.status", "fail")
-                log.log(f"benchmark.{i}.error", res.get("message", "failed"))
+    with SpawnedWorker() as worker:
+        if mode == "test":
+            passed = popcorn_test(worker, cases, submission, log)
+        elif mode in ("benchmark", "leaderboard"):
+            passed = popcorn_benchmark(worker, cases, submission, log,
+                                       recheck=mode == "leaderboard", flush_mode=flush_mode)
+        else:
+            passed = popcorn_profile(worker, cases, submission, log)
     log.log("check", "pass" if passed else "fail")
     log.close()
     return EXIT_OK if passed else EXIT_FAIL
@@ -426,17 +510,11 @@ def strict_problems(output, data, second_output=None):
 
 
 def _time_fn(fn, dev, flusher, max_repeats, max_time_ns):
+    """Stats of ``fn`` timed as the runner times custom_kernel, after one warm-up call."""
     import utils
 
-    fn()  # warm
-    durations = []
-    wall0 = time.perf_counter_ns()
-    for _ in range(max_repeats):
-        out, ns = utils.time_call(fn, dev, flusher)
-        del out
-        durations.append(ns)
-        if utils.should_stop(durations, time.perf_counter_ns() - wall0, max_time_ns=max_time_ns):
-            break
+    durations, _ = utils.time_repeats(fn, dev, flusher, max_repeats=max_repeats,
+                                      max_time_ns=max_time_ns, warm_up=True)
     return utils.calculate_stats(durations)
 
 
@@ -543,11 +621,11 @@ def format_table(rows, mode: str, copy_bw=None) -> str:
             lines.append([r["case"], route, status, mean, best, ref_us, speed, gbs, pct, mism, rel])
         else:
             lines.append([r["case"], route, status, mism, rel])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-    out = ["  ".join(str(x).ljust(w) for x, w in zip(head, widths))]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
+    out = ["  ".join(str(x).ljust(w) for x, w in zip(head, widths, strict=True))]
     out.append("  ".join("-" * w for w in widths))
     for line in lines:
-        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
+        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
     for r in rows:
         if r["problems"]:
             out.append(f"FAIL {r['case']}: " + "; ".join(r["problems"]))
@@ -577,10 +655,35 @@ def _progress_bar(total: int, desc: str):
                 leave=False, dynamic_ncols=True, disable=None)
 
 
+def human_rows(executor, cases, submission: str, case_opts: dict) -> list:
+    """Each case's human_case row, run by ``executor`` (InProcess or SpawnedWorker); leaderboard
+    mode stops at the first failing case, as the runner."""
+    rows = []
+    bar = _progress_bar(len(cases), case_opts["mode"])
+    for case in cases:
+        if bar is not None:
+            bar.set_postfix_str(_label(case.args), refresh=False)
+        res = executor.run({"kind": "human", "submission": submission, "args": case.args,
+                            "options": dict(case_opts, spec=case.spec)})
+        if "case" not in res:  # the job itself failed (e.g. the submission does not import)
+            res = {"case": _label(case.args), "spec": case.spec, "ok": False,
+                   "problems": [_one_line(res.get("message", "worker failed"))]}
+        rows.append(res)
+        if bar is not None:
+            bar.update(1)
+        if case_opts["mode"] == "leaderboard" and not res["ok"]:
+            break
+    if bar is not None:
+        bar.close()
+    return rows
+
+
 def human_main(opts) -> int:
-    torch = _prepare_environment()
-    import reference
     import utils
+
+    utils.prepare_environment()
+    import reference
+    import torch
     import triton
 
     device = utils.get_device(opts.device)
@@ -616,7 +719,7 @@ def human_main(opts) -> int:
           f" | torch {torch.__version__} | triton {triton.__version__}"
           f" | aiter: {'yes' if reference.HAVE_AITER else 'no'}"
           f" | {'strict' if opts.strict else 'loose (runner) check only'}"
-          f"{' | spawned process per case' if opts.spawn else ''}")
+          f"{' | cases in one spawned worker' if opts.spawn else ''}")
     print(f"submission: {submission}")
     if not on_gpu:
         print(CPU_NOTE)
@@ -629,44 +732,21 @@ def human_main(opts) -> int:
         print(f"copy bandwidth: {copy_bw:.0f} GB/s (device-to-device copy, read + write); "
               f"L2 flush before each timed call: {flush_text}")
 
-    sub = None
-    if not opts.spawn:
+    if opts.spawn:
+        executor = SpawnedWorker()
+    else:
         try:
-            sub = load_submission(submission, "_eval_submission")
+            executor = InProcess(load_submission(submission, "_eval_submission"))
         except Exception:
             print(f"eval.py: cannot import {submission}:\n{traceback.format_exc()}",
                   file=sys.stderr)
             return EXIT_FAIL
+    with executor:
         if opts.mode in ("benchmark", "leaderboard") and cases:  # warm-up, not reported
-            try:
-                run_benchmark_case(sub, cases[0].args, recheck=False,
-                                   max_repeats=min(WARMUP_MAX_REPEATS, max_repeats),
-                                   max_time_ns=WARMUP_MAX_TIME_NS, flush_mode="none",
-                                   device=str(device))
-            except Exception:
-                pass  # the case itself reports the problem
-
-    rows = []
-    bar = _progress_bar(len(cases), opts.mode)
-    for case in cases:
-        if bar is not None:
-            bar.set_postfix_str(_label(case.args), refresh=False)
-        copts = dict(case_opts, spec=case.spec)
-        if opts.spawn:
-            res = run_spawned({"kind": "human", "submission": submission, "args": case.args,
-                               "options": copts})
-            if "case" not in res:  # the worker itself failed
-                res = {"case": _label(case.args), "spec": case.spec, "ok": False,
-                       "problems": [_one_line(res.get("message", "worker failed"))]}
-        else:
-            res = human_case(sub, case.args, copts)
-        rows.append(res)
-        if bar is not None:
-            bar.update(1)
-        if opts.mode == "leaderboard" and not res["ok"]:
-            break  # as the runner: the first failing case stops the run
-    if bar is not None:
-        bar.close()
+            executor.run(warmup_job(submission, cases[0].args, flush_mode="none",
+                                    max_repeats=min(WARMUP_MAX_REPEATS, max_repeats),
+                                    device=str(device)))
+        rows = human_rows(executor, cases, submission, case_opts)
 
     for r in rows:  # derived numbers, for the JSON
         st, ref = r.get("stats"), r.get("ref_stats")
@@ -735,7 +815,7 @@ def _parser() -> argparse.ArgumentParser:
                         "62.5 GiB randn allocation; none")
     p.add_argument("--repeats", type=int, default=None, help="at most N timed repeats per case")
     p.add_argument("--spawn", action="store_true",
-                   help="run each case in a fresh spawned process, as the runner")
+                   help="run the cases in one spawned worker process, as the runner")
     p.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if any)")
     p.add_argument("--popcorn", action="store_true",
                    help="runner mode: requires POPCORN_FD (exit 111 without it)")
@@ -782,7 +862,6 @@ def main(argv=None) -> int:
             print(f"eval.py: usage: POPCORN_FD=N python eval.py {'|'.join(MODES)} SPECFILE",
                   file=sys.stderr)
             return EXIT_BAD_ARGS
-        _prepare_environment()
         submission = os.path.abspath(opts.submission or default_submission_path())
         return popcorn_main(opts.mode, opts.spec, submission, fd, opts.l2_flush)
     if opts.mode not in MODES:

@@ -2,11 +2,13 @@
 
 - ``generate_input``: the runner's inputs (q randn, kv randn bf16, fp8 per-tensor, mxfp4 block-32),
   on the GPU when there is one, else on the CPU.
-- ``quantize_fp8`` / ``quantize_mxfp4`` / ``dequantize_mxfp4``: portable torch quantisers; the MXFP4
-  one is bit-exact with aiter's ``dynamic_mxfp4_quant`` (golden-tested). Where aiter imports, aiter's
-  own MXFP4 quantiser is used so that local inputs equal the runner's.
-- ``ref_kernel``: aiter's persistent a8w8 MLA decode where aiter imports (as the runner), otherwise
-  portable torch computing the same mathematics (fp8 q and fp8 KV dequantised, float32 softmax).
+- ``quantize_fp8`` / ``quantize_mxfp4`` / ``dequantize_mxfp4``: portable torch quantisers. The fp8
+  one is the runner's own arithmetic (bf16 steps, bit for bit); the MXFP4 one is bit-exact with
+  aiter's ``dynamic_mxfp4_quant`` (golden-tested). Where aiter imports, aiter's own MXFP4 quantiser
+  is used so that local inputs equal the runner's.
+- ``ref_kernel``: where aiter imports, exactly the runner's calls of aiter's persistent a8w8 MLA
+  decode; otherwise portable torch computing the same mathematics (fp8 q and fp8 KV dequantised,
+  float32 softmax).
 - ``check_implementation``: the runner's check (rtol = atol = 0.1 plus the 5% MLA rule).
 - ``attention_float64``, ``rel_l2_error``, ``mismatch_ratio``: the strict accuracy tools.
 """
@@ -82,15 +84,20 @@ def fp8_dtype(device: Union[None, str, torch.device] = None) -> torch.dtype:
 
 
 def quantize_fp8(x: torch.Tensor, dtype: Optional[torch.dtype] = None):
-    """Per-tensor dynamic fp8: scale = max|x| / fp8_max (amax clamped below at 1e-12),
-    data = clamp(x / scale, fp8 range) cast to fp8. Returns (data, float32 scale of shape (1,))."""
+    """Per-tensor dynamic fp8, bit for bit the runner's quantiser: amax = max|x| clamped below at
+    1e-12, scale = amax / fp8_max, data = clamp(x / scale, fp8 range) cast to fp8. Returns (data,
+    float32 scale of shape (1,)).
+
+    Every step runs in x's own dtype, as the runner's: for its bf16 inputs the scale is rounded
+    to bf16 and so is each quotient x / scale before the cast to fp8 (a double rounding). Doing
+    either step in float32 changes the scale and some bytes: tests/test_reference.py checks this
+    against a transcription in exact rational arithmetic."""
     dtype = fp8_dtype(x.device) if dtype is None else dtype
     finfo = torch.finfo(dtype)
-    xf = x.float()
-    amax = xf.abs().amax().clamp(min=1e-12)
-    scale = (amax / finfo.max).to(torch.float32)
-    data = (xf / scale).clamp(min=finfo.min, max=finfo.max).to(dtype)
-    return data, scale.reshape(1)
+    amax = x.abs().amax().clamp(min=1e-12)
+    scale = amax / finfo.max
+    data = (x / scale).clamp(min=finfo.min, max=finfo.max).to(dtype)
+    return data, scale.to(torch.float32).reshape(1)
 
 
 def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -366,9 +373,16 @@ def ref_kernel_torch(data: input_t) -> output_t:
     return out.to(torch.bfloat16)
 
 
+# the runner's reference decode: page size 1, 32 KV splits, tiles of 16 KV rows in the work plan
+AITER_PAGE_SIZE = 1
+AITER_NUM_KV_SPLITS = 32
+AITER_KV_GRANULARITY = 16
+
+
 def ref_kernel_aiter(data: input_t) -> output_t:
-    """The runner's reference on MI355X: aiter's persistent a8w8 MLA decode (fp8 q quantised
-    per-tensor, fp8 KV, page size 1, 32 KV splits, metadata plan from get_mla_metadata_v1)."""
+    """The runner's reference on MI355X, call for call (runner.md section 4): q quantised with
+    quantize_fp8, aiter's persistent a8w8 MLA decode over the fp8 cache with page size 1, 32 KV
+    splits, intra-batch mode, and the work plan from get_mla_metadata_v1."""
     import aiter
     from aiter.mla import mla_decode_fwd
 
@@ -376,38 +390,36 @@ def ref_kernel_aiter(data: input_t) -> output_t:
     kv_fp8, kv_scale = kv_data["fp8"]
     device = q.device
     batch = int(config["batch_size"])
-    max_q = int(config["q_seq_len"])
-    nhead = q.shape[1]
-    page_size = 1
-    num_kv_splits = 32
+    max_q_len = int(config["q_seq_len"])
+    total_kv = kv_fp8.shape[0]
 
     q_fp8, q_scale = quantize_fp8(q, dtype=kv_fp8.dtype)
-    total_kv = kv_fp8.shape[0]
-    kv_buffer = kv_fp8.view(total_kv // page_size, page_size, NUM_KV_HEADS, QK_HEAD_DIM)
-    kv_indices = torch.arange(total_kv // page_size, dtype=torch.int32, device=device)
-    kv_last_page_lens = torch.full((batch,), page_size, dtype=torch.int32, device=device)
+    kv_indices = torch.arange(total_kv, dtype=torch.int32, device=device)
+    # with page size 1 the "last page length" the runner passes is each batch's KV length
+    kv_last_page_len = kv_indptr[1:] - kv_indptr[:-1]
 
     info = aiter.get_mla_metadata_info_v1(
-        batch, max_q, nhead, q_fp8.dtype, kv_fp8.dtype, is_sparse=False, fast_mode=True,
-        num_kv_splits=num_kv_splits, intra_batch_mode=False)
+        batch, max_q_len, NUM_HEADS, q_fp8.dtype, kv_fp8.dtype, is_sparse=False,
+        fast_mode=False, num_kv_splits=AITER_NUM_KV_SPLITS, intra_batch_mode=True)
     (work_metadata, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
      reduce_partial_map) = [torch.empty(shape, dtype=dt, device=device) for shape, dt in info]
     aiter.get_mla_metadata_v1(
-        qo_indptr, kv_indptr, kv_last_page_lens, nhead // NUM_KV_HEADS, NUM_KV_HEADS, True,
+        qo_indptr, kv_indptr, kv_last_page_len, NUM_HEADS // NUM_KV_HEADS, NUM_KV_HEADS, True,
         work_metadata, work_info_set, work_indptr, reduce_indptr, reduce_final_map,
-        reduce_partial_map, page_size=page_size, kv_granularity=max(page_size, 16),
-        max_seqlen_qo=max_q, uni_seqlen_qo=max_q, fast_mode=True,
-        max_split_per_batch=num_kv_splits, intra_batch_mode=False,
+        reduce_partial_map, page_size=AITER_PAGE_SIZE, kv_granularity=AITER_KV_GRANULARITY,
+        max_seqlen_qo=max_q_len, uni_seqlen_qo=max_q_len, fast_mode=False,
+        max_split_per_batch=AITER_NUM_KV_SPLITS, intra_batch_mode=True,
         dtype_q=q_fp8.dtype, dtype_kv=kv_fp8.dtype)
 
-    out = torch.empty(q.shape[0], nhead, V_HEAD_DIM, dtype=torch.bfloat16, device=device)
+    out = torch.empty((q.shape[0], NUM_HEADS, V_HEAD_DIM), dtype=torch.bfloat16, device=device)
     mla_decode_fwd(
-        q_fp8, kv_buffer, out, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_q,
-        page_size=page_size, nhead_kv=NUM_KV_HEADS, sm_scale=_sm_scale(config), logit_cap=0.0,
-        num_kv_splits=num_kv_splits, work_meta_data=work_metadata, work_indptr=work_indptr,
+        q_fp8, kv_fp8.view(total_kv, AITER_PAGE_SIZE, NUM_KV_HEADS, QK_HEAD_DIM), out, qo_indptr,
+        kv_indptr, kv_indices, kv_last_page_len, max_q_len, page_size=AITER_PAGE_SIZE,
+        nhead_kv=NUM_KV_HEADS, sm_scale=SM_SCALE, logit_cap=0.0,
+        num_kv_splits=AITER_NUM_KV_SPLITS, q_scale=q_scale, kv_scale=kv_scale,
+        intra_batch_mode=True, work_meta_data=work_metadata, work_indptr=work_indptr,
         work_info_set=work_info_set, reduce_indptr=reduce_indptr,
-        reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map,
-        q_scale=q_scale, kv_scale=kv_scale, intra_batch_mode=False)
+        reduce_final_map=reduce_final_map, reduce_partial_map=reduce_partial_map)
     return out
 
 

@@ -144,21 +144,7 @@ def _log(*parts):
 
 
 # ---------------------------------------------------------------------------------------------
-# Environment and the submission
-
-
-def prepare_environment():
-    """Without a GPU, Triton kernels run in the interpreter: TRITON_INTERPRET=1 before the
-    submission is imported, and the interpreter's numerics fixes applied."""
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
-    import interpreter_fixes
-
-    interpreter_fixes.apply()
+# The submission (the process is prepared by utils.prepare_environment, as eval.py's)
 
 
 def load_submission(path):
@@ -220,7 +206,7 @@ def expand_grid(grid):
     """{"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}] ({} -> [{}])."""
     keys = list(grid)
     values = [grid[k] if isinstance(grid[k], (list, tuple)) else [grid[k]] for k in keys]
-    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
 
 
 def route_configs(sub, route, space, warn=_log):
@@ -440,20 +426,16 @@ def _device_alive(device):
 
 
 def time_config(caller, data, device, flusher, max_repeats, max_time_s, min_runs):
-    """Timed repeats of ONE call each (synchronize, L2 flush, CUDA events / perf_counter)."""
+    """Timed repeats of ONE call each after a warm-up call, timed as eval.py times custom_kernel
+    (utils.time_repeats: synchronize, L2 flush, CUDA events / perf_counter). The runner's stop
+    rule, after at least ``min_runs`` repeats, within ``max_time_s`` of measured time and ten
+    times that (at least 10 s) of wall time."""
     import utils
 
-    caller(data)  # warm
-    utils.synchronize(device)
-    durations, wall0 = [], time.perf_counter_ns()
-    for _ in range(max_repeats):
-        out, ns = utils.time_call(lambda: caller(data), device, flusher)
-        del out
-        durations.append(ns)
-        if len(durations) >= min_runs and utils.should_stop(
-                durations, time.perf_counter_ns() - wall0, max_time_ns=max_time_s * 1e9,
-                max_wall_ns=max(10 * max_time_s, 10.0) * 1e9):
-            break
+    durations, _ = utils.time_repeats(
+        lambda: caller(data), device, flusher, max_repeats=max_repeats,
+        max_time_ns=max_time_s * 1e9, max_wall_ns=max(10 * max_time_s, 10.0) * 1e9,
+        min_runs=max(min_runs, utils.RUNNER_MIN_RUNS), warm_up=True)
     stats = utils.calculate_stats(durations)
     return {"runs": stats.runs, "mean_ns": stats.mean, "median_ns": float(statistics.median(durations)),
             "std_ns": stats.std, "err_ns": stats.err, "best_ns": stats.best, "worst_ns": stats.worst}
@@ -472,7 +454,7 @@ def measure_config(sub, case, route, params, opts, flusher):
     caller = ConfigCaller(sub, route, params)
     try:
         with caller:
-            for i, (data, ref, exact) in enumerate(zip(case.inputs, case.refs, case.exact)):
+            for i, (data, ref, exact) in enumerate(zip(case.inputs, case.refs, case.exact, strict=True)):
                 work = reference.clone_data(data)
                 out = caller.first_call(work) if i == 0 else caller(work)
                 utils.synchronize(case.device)
@@ -623,7 +605,7 @@ def tune(sub, shapes, *, space=None, secret_bs=None, device=None, max_mismatch=M
     flusher = utils.L2Flusher(flush_mode, device) if on_gpu else None
     bar = _progress(sum(len(t) for t in plan), progress)
     try:
-        for case, todo in zip(cases, plan):
+        for case, todo in zip(cases, plan, strict=True):
             records = []
             for route, params in todo:
                 key = ResultCache.key(dev_name, case.batch, case.kv_len, route, params, case.seeds, code)
@@ -1138,9 +1120,10 @@ def main(argv=None):
 
 
 def _main(args, started):
-    prepare_environment()
-    import torch
     import utils
+
+    utils.prepare_environment()
+    import torch
 
     device = utils.get_device(args.device)
     on_gpu = device.type == "cuda"

@@ -1,5 +1,8 @@
-"""eval.py: the runner drop-in (POPCORN_FD, spawned processes, exit codes, secret seed) and the
-human mode (tables, JSON, strict accuracy), driven with tiny fake submissions."""
+"""eval.py: the runner drop-in (POPCORN_FD, one spawned worker per mode, exit codes, secret seed)
+and the human mode (tables, JSON, strict accuracy), driven with tiny fake submissions.
+
+Device-independent: inputs are generated where eval.py generates them (the GPU when there is one,
+whose random stream differs from the CPU's), and CPU-only wording is asserted only on the CPU."""
 import hashlib
 import json
 import os
@@ -12,6 +15,9 @@ import torch
 
 import eval as ev
 import reference as R
+import utils
+
+ON_GPU = torch.cuda.is_available()
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,14 +86,52 @@ def custom_kernel(data):
     return out
 '''
 
+# Counts its calls in a module global and records "<pid> <count>" per call and "import <pid>" per
+# import: the record shows whether module state lived across the cases of a mode. A repeat on the
+# same input object (the timed loop of benchmark mode) returns a copy of the last output, so that
+# up to 1000 repeats per case stay cheap on the CPU.
+COUNTING = '''
+import os
+import reference
+
+CALLS = 0
+LAST = (None, None)
+with open(os.environ["EVAL_TEST_RECORD"], "a") as f:
+    f.write(f"import {os.getpid()}\\n")
+
+
+def custom_kernel(data):
+    global CALLS, LAST
+    CALLS += 1
+    with open(os.environ["EVAL_TEST_RECORD"], "a") as f:
+        f.write(f"{os.getpid()} {CALLS}\\n")
+    if LAST[0] is not data:
+        LAST = (data, reference.ref_kernel(data))
+    return LAST[1].clone()
+'''
+
+# Kills its own process on the case with KV length 20 (a crash in the submission).
+DIES = '''
+import os
+import reference
+
+
+def custom_kernel(data):
+    if data[4]["kv_seq_len"] == 20:
+        os._exit(3)
+    return reference.ref_kernel(data)
+'''
+
 SPEC3 = ("batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 5\n"
          "batchsize: 2; qseqlen: 1; kvseqlen: 45; seed: 6\n"
          "batchsize: 1; qseqlen: 1; kvseqlen: 20; seed: 7\n")
 
 
 def q_hash(seed, bs=1, kv=16):
-    q = R.generate_input(bs, 1, kv, seed, device="cpu")[0]
-    return hashlib.sha1(q.view(torch.int16).numpy().tobytes()).hexdigest()
+    """Hash of the q that eval.py makes for this case: on eval.py's default device, since the
+    GPU's random stream differs from the CPU's."""
+    q = R.generate_input(bs, 1, kv, seed, device=utils.get_device())[0]
+    return hashlib.sha1(q.view(torch.int16).cpu().numpy().tobytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +139,7 @@ def subs(tmp_path_factory):
     root = tmp_path_factory.mktemp("subs")
     paths = {}
     for name, text in [("picky", PICKY), ("zeros", ZEROS), ("bare", BARE), ("cached", CACHED),
-                       ("nan", ONE_NAN)]:
+                       ("nan", ONE_NAN), ("counting", COUNTING), ("dies", DIES)]:
         d = root / name
         d.mkdir()
         (d / "submission.py").write_text(textwrap.dedent(text))
@@ -230,19 +274,111 @@ def test_popcorn_flag_without_fd_exits_111(tmp_path):
     assert rc == 111
 
 
-@pytest.mark.parametrize("flag,expected", [([], "default"), (["--l2-flush", "runner"], "runner")])
-def test_popcorn_benchmark_jobs_carry_the_l2_flush_mode(tmp_path, monkeypatch, flag, expected):
-    """--l2-flush reaches every benchmark job of runner mode ("runner": the runner's own flush)."""
-    jobs = []
-    monkeypatch.setattr(ev, "run_spawned", lambda job: jobs.append(job) or {
-        "ok": True, "stats": {"runs": 3, "mean": 1.0, "std": 0.0, "err": 0.0, "best": 1.0, "worst": 1.0}})
-    monkeypatch.setattr(ev, "_prepare_environment", lambda: None)
-    spec = tmp_path / "one.txt"
-    spec.write_text("batchsize: 2; qseqlen: 1; kvseqlen: 30; seed: 9\n")
+class FakeWorker:
+    """Stands in for SpawnedWorker: records each worker made and every job sent to it."""
+
+    made = []
+
+    def __init__(self):
+        self.jobs = []
+        FakeWorker.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run(self, job):
+        self.jobs.append(job)
+        if job["kind"] == "profile":
+            return {"ok": True, "report": "table"}
+        if job["kind"] == "test":
+            return {"ok": True, "message": ""}
+        return {"ok": True, "stats": {"runs": 3, "mean": 1.0, "std": 0.0, "err": 0.0, "best": 1.0,
+                                      "worst": 1.0}}
+
+
+@pytest.fixture
+def fake_worker(monkeypatch):
+    FakeWorker.made = []
+    monkeypatch.setattr(ev, "SpawnedWorker", FakeWorker)
+    return FakeWorker
+
+
+def popcorn_in_process(args, tmp_path, monkeypatch):
+    """ev.main in runner mode in this process; returns its exit code."""
+    spec = tmp_path / "two.txt"
+    spec.write_text("batchsize: 2; qseqlen: 1; kvseqlen: 30; seed: 9\n"
+                    "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 3\n")
     with open(tmp_path / "out.txt", "w") as out:
         monkeypatch.setenv("POPCORN_FD", str(out.fileno()))
-        assert ev.main(["leaderboard", str(spec), *flag]) == 0
-    assert len(jobs) == 2 and all(job["flush_mode"] == expected for job in jobs)  # warm-up + the case
+        return ev.main([args[0], str(spec), *args[1:]])
+
+
+@pytest.mark.parametrize("flag,expected", [([], "default"), (["--l2-flush", "runner"], "runner")])
+def test_popcorn_benchmark_jobs_carry_the_l2_flush_mode(tmp_path, monkeypatch, fake_worker, flag,
+                                                        expected):
+    """--l2-flush reaches every benchmark job of runner mode ("runner": the runner's own flush)."""
+    assert popcorn_in_process(["leaderboard", *flag], tmp_path, monkeypatch) == 0
+    (worker,) = fake_worker.made
+    assert len(worker.jobs) == 3  # warm-up + the two cases
+    assert all(job["flush_mode"] == expected for job in worker.jobs)
+
+
+@pytest.mark.parametrize("mode", ["test", "benchmark", "leaderboard", "profile"])
+def test_popcorn_sends_every_case_of_a_mode_to_one_worker(tmp_path, monkeypatch, fake_worker,
+                                                          mode):
+    assert popcorn_in_process([mode], tmp_path, monkeypatch) == 0
+    (worker,) = fake_worker.made
+    warmup = mode in ("benchmark", "leaderboard")
+    assert len(worker.jobs) == 2 + warmup
+    assert [job["args"]["seed"] for job in worker.jobs] == [9] * warmup + [9, 3]
+
+
+def _record_lines(path):
+    """(pids that imported the submission, [(pid, count)] of its calls) from a COUNTING record."""
+    imports, calls = [], []
+    for line in path.read_text().split("\n"):
+        if line.startswith("import "):
+            imports.append(int(line.split()[1]))
+        elif line:
+            pid, count = line.split()
+            calls.append((int(pid), int(count)))
+    return imports, calls
+
+
+@pytest.mark.parametrize("mode,jobs", [("test", 2), ("benchmark", 3), ("leaderboard", 3)])
+def test_popcorn_mode_runs_in_one_worker_whose_module_state_persists(subs, tmp_path, mode, jobs):
+    """As the runner: one spawned worker per mode imports the submission once; its module global
+    counts every call of the mode (the benchmark warm-up included) without restarting."""
+    record = tmp_path / "record.txt"
+    spec = tmp_path / "two.txt"
+    spec.write_text("batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 5\n"
+                    "batchsize: 1; qseqlen: 1; kvseqlen: 20; seed: 7\n")
+    rc, kv, _, err = run_popcorn([mode, str(spec), "--submission", subs["counting"]], tmp_path,
+                                 env_extra={"EVAL_TEST_RECORD": str(record)})
+    assert rc == 0 and kv["check"] == "pass", err
+    imports, calls = _record_lines(record)
+    assert len(imports) == 1, imports  # imported once, in one process
+    assert {pid for pid, _ in calls} == set(imports) != {os.getpid()}
+    assert [count for _, count in calls] == list(range(1, len(calls) + 1))  # never reset
+    # jobs: the cases, plus the warm-up in the benchmark modes. A test job calls once; a
+    # benchmark job at least 4 times (its check, then at least 3 timed repeats)
+    assert len(calls) == jobs if mode == "test" else len(calls) >= 4 * jobs
+
+
+def test_popcorn_worker_that_dies_fails_its_case_and_the_rest(subs, tmp_path):
+    spec = tmp_path / "three.txt"
+    spec.write_text("batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 5\n"
+                    "batchsize: 1; qseqlen: 1; kvseqlen: 20; seed: 7\n"
+                    "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 8\n")
+    rc, kv, _, err = run_popcorn(["test", str(spec), "--submission", subs["dies"]], tmp_path)
+    assert rc == 112, err
+    assert kv["test.0.status"] == "pass"
+    assert kv["test.1.status"] == "fail" and "died" in kv["test.1.error"]
+    assert kv["test.2.status"] == "fail" and "no later case ran" in kv["test.2.error"]
+    assert kv["check"] == "fail"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +413,8 @@ def test_human_test_mode_strict_pass(subs, tmp_path, no_popcorn, capsys):
     assert row["route"] == "ref {}" and row["kv_format"] == "fp8"
     assert row["mismatch"] == 0.0 and 0.001 < row["rel_l2"] < row["rel_l2_bound"] == 0.05
     text = capsys.readouterr().out
-    assert "check: pass" in text and "CPU times mean nothing" in text
+    assert "check: pass" in text and f"device: {utils.device_name()}" in text
+    assert ("CPU times mean nothing" in text) is not ON_GPU  # the CPU's note, only there
 
 
 def test_zeros_pass_the_loose_check_but_fail_strict(subs, tmp_path, no_popcorn):
@@ -324,7 +461,8 @@ def test_human_benchmark_table_and_json(subs, tmp_path, no_popcorn, capsys):
     rc, js = human(["benchmark", spec, "--submission", subs["picky"], "--strict",
                     "--repeats", "3"], tmp_path)
     assert rc == 0
-    assert js["copy_bandwidth_gbs"] > 0 and js["cpu_times_meaningless"]
+    assert js["copy_bandwidth_gbs"] > 0 and js["cpu_times_meaningless"] is not ON_GPU
+    assert js["device"] == str(utils.get_device())
     for row in js["cases"]:
         assert row["stats"]["runs"] == 3 and row["ref_stats"]["runs"] == 3
     row = js["cases"][1]

@@ -1,5 +1,8 @@
-"""utils.py: seeds, devices, L2 flush, timing statistics, spec parsing."""
+"""utils.py: the process environment, seeds, devices, L2 flush, the runner's timing, spec parsing."""
 import math
+import os
+import sys
+import time
 
 import pytest
 import torch
@@ -114,6 +117,70 @@ def test_time_call_on_cpu():
     calls = []
     result, ns = utils.time_call(lambda: calls.append(1) or 7, "cpu", flush=lambda: calls.append(0))
     assert result == 7 and calls == [0, 1] and ns >= 0
+
+
+def test_time_repeats_order_of_steps():
+    """warm-up call, then per repeat: before (untimed), flush + the timed call, after (untimed)."""
+    log = []
+    durations, failure = utils.time_repeats(
+        lambda: log.append("call") or 7, "cpu", flush=lambda: log.append("flush"), max_repeats=3,
+        warm_up=True, before=lambda: log.append("before"),
+        after=lambda result: log.append(f"after {result}"))
+    assert failure is None and len(durations) == 3 and all(ns >= 0 for ns in durations)
+    assert log == ["call"] + ["before", "flush", "call", "after 7"] * 3
+
+
+def test_time_repeats_stops_at_a_failed_after_and_by_the_stop_rule():
+    results = iter(range(10))
+    durations, failure = utils.time_repeats(
+        lambda: next(results), "cpu", max_repeats=10,
+        after=lambda r: "wrong output" if r == 2 else None)
+    assert failure == "wrong output" and len(durations) == 2  # the failed repeat is not counted
+    # 5 ms a call and at most 1 ms of measured time: the rule stops at its minimum of 3 repeats
+    durations, failure = utils.time_repeats(lambda: time.sleep(0.005), "cpu",
+                                            max_repeats=50, max_time_ns=1e6)
+    assert failure is None and len(durations) == utils.RUNNER_MIN_RUNS
+    durations, _ = utils.time_repeats(lambda: None, "cpu", max_repeats=50, max_time_ns=0,
+                                      min_runs=7)
+    assert len(durations) == 7
+
+
+def test_eval_and_tune_time_through_time_repeats(monkeypatch):
+    """One timing loop for both tools: eval.py's reference timing, its benchmark case and tune.py's
+    configuration timing all call utils.time_repeats."""
+    import eval as ev
+    import reference
+    import tune
+
+    seen = []
+
+    def fake(fn, device=None, flush=None, **kw):
+        seen.append(kw)
+        return [1.0, 2.0, 3.0], None
+
+    monkeypatch.setattr(utils, "time_repeats", fake)
+    ev._time_fn(lambda: None, "cpu", None, 5, 1e9)
+    tune.time_config(lambda data: None, None, "cpu", None, 5, 1.0, 1)
+    sub = type("Sub", (), {"custom_kernel": staticmethod(reference.ref_kernel)})
+    stats = ev.run_benchmark_case(sub, {"batchsize": 1, "qseqlen": 1, "kvseqlen": 16, "seed": 1},
+                                  recheck=True, max_repeats=5, max_time_ns=1e9, device="cpu")
+    assert stats.runs == 3
+    assert [kw["max_repeats"] for kw in seen] == [5, 5, 5]
+    assert seen[0]["warm_up"] and seen[1]["warm_up"] and seen[1]["min_runs"] >= 3
+    assert seen[2]["before"] is not None and seen[2]["after"] is not None  # recheck hooks
+
+
+def test_prepare_environment(monkeypatch):
+    """The repository first on sys.path; the interpreter only without a GPU; an explicit
+    TRITON_INTERPRET kept; safe to call again."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != utils.REPO_DIR])
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    utils.prepare_environment()
+    assert sys.path[0] == utils.REPO_DIR
+    assert os.environ.get("TRITON_INTERPRET") == (None if torch.cuda.is_available() else "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    utils.prepare_environment()
+    assert os.environ["TRITON_INTERPRET"] == "0" and sys.path.count(utils.REPO_DIR) == 1
 
 
 def test_copy_bandwidth_and_geomean():
