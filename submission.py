@@ -249,11 +249,15 @@ def declares_uniform_kv(batch, total_kv, config):
 #   aiter_fp8              mla_decode_fwd, fp8 q over the fp8 cache, page 1, one split per batch
 #   aiter_a8w8_persistent  mla_decode_stage1_asm_fwd + mla_reduce_v1 called directly over a work
 #                          plan from get_mla_metadata_v1, the fp8 KV seen as pages
-# aiter's API drifts. Known so far: stage 1 gained an optional `lse` right after `output` (before
-# q_scale) on 2026-03-26, and mla_reduce_v1 gained `num_kv_splits: int` between max_seqlen_q and
-# final_output. The two ops' parameter lists are read ONCE at import and every call passes the
-# values positionally in the order read, as aiter's own wrapper calls them; anything this file
-# cannot call correctly turns the aiter routes off (one warning line, Triton routes).
+# aiter's API drifts. The runner's aiter is f3be04a12 (2026-03-04). Known since: stage 1 gained an
+# optional `lse` right after `output` (before q_scale) on 2026-03-16; on 2026-06-11 mla_reduce_v1
+# gained `num_kv_splits: int` between max_seqlen_q and final_output and get_mla_metadata_info_v1
+# gained max_split_per_batch; on one commit (fede90f463, 2026-07-13) get_mla_metadata_v1 took
+# dtype_q_nope / dtype_kv_nope instead of dtype_q / dtype_kv. The compiled ops' parameter lists
+# (stage 1, the reduce, get_mla_metadata_v1) and get_mla_metadata_info_v1's are read ONCE at
+# import; the two kernels get their values positionally in the order read, as aiter's own wrapper
+# calls them, the metadata calls get theirs by the names read. Anything this file cannot call
+# correctly turns the aiter routes off (one warning line, Triton routes).
 
 # Values this file fills, by parameter name, in the newest known order. OPTIONAL names may be
 # absent from an older aiter; every other name must be there.
@@ -272,6 +276,22 @@ REDUCE_OPTIONAL = frozenset({"num_kv_splits", "final_lse"})
 # mla_decode_fwd is a plain Python function: called with these as keywords.
 DECODE_FWD_KEYWORDS = ("page_size", "nhead_kv", "sm_scale", "num_kv_splits",
                        "num_kv_splits_indptr", "q_scale", "kv_scale")
+# get_mla_metadata_v1: these first, positionally (work_info_set BEFORE work_indptr), then the
+# settings by keyword, then the two dtypes under whichever pair of names this aiter takes.
+METADATA_POSITIONAL = (
+    "seqlens_qo_indptr", "seqlens_kv_indptr", "kv_last_page_lens", "num_heads_per_head_k",
+    "num_heads_k", "is_causal", "work_metadata_ptrs", "work_info_set", "work_indptr",
+    "reduce_indptr", "reduce_final_map", "reduce_partial_map",
+)
+METADATA_KEYWORDS = ("page_size", "kv_granularity", "max_seqlen_qo", "uni_seqlen_qo", "fast_mode",
+                     "max_split_per_batch", "intra_batch_mode")
+METADATA_DTYPE_KEYWORDS = (("dtype_q", "dtype_kv"), ("dtype_q_nope", "dtype_kv_nope"))
+# get_mla_metadata_info_v1 (a plain Python function): these positionally, then the keywords;
+# max_split_per_batch too where it takes it (it then sizes reduce_partial_map by it).
+INFO_POSITIONAL = ("batch_size", "max_seqlen_qo", "num_head_qo", "q_dtype", "kv_dtype",
+                   "is_sparse")
+INFO_KEYWORDS = ("fast_mode", "num_kv_splits", "intra_batch_mode")
+INFO_OPTIONAL_KEYWORDS = ("max_split_per_batch",)
 
 
 def aiter_parameters(fn, op_name):
@@ -316,8 +336,33 @@ def positional_order(op_name, parameters, known, optional):
     return operator.itemgetter(*(known.index(name) for name in names[: last + 1]))
 
 
+def keyword_names(op_name, parameters, positional, keywords, alternatives=(), optional=()):
+    """The keyword names a call of op_name passes: `keywords`, the first pair of `alternatives`
+    the op takes, and those of `optional` it takes. RuntimeError when the call would not fit:
+    unreadable, other leading positional names, a keyword missing, no pair of alternatives, or
+    an unknown parameter without a default."""
+    if parameters is None:
+        raise RuntimeError(f"{op_name}: signature unreadable")
+    names = [name for name, _ in parameters]
+    if tuple(names[:len(positional)]) != positional:
+        raise RuntimeError(f"{op_name}: parameters begin {names[:len(positional)]}, "
+                           f"expected {list(positional)}")
+    missing = [name for name in keywords if name not in names]
+    if missing:
+        raise RuntimeError(f"{op_name} has no parameter {missing[0]!r}")
+    chosen = next((pair for pair in alternatives if all(name in names for name in pair)), ())
+    if alternatives and not chosen:
+        raise RuntimeError(f"{op_name} takes none of {[pair[0] for pair in alternatives]}")
+    passed = tuple(keywords) + chosen + tuple(name for name in optional if name in names)
+    for name, has_default in parameters[len(positional):]:
+        if not has_default and name not in passed:
+            raise RuntimeError(f"{op_name}: unknown required parameter {name!r}")
+    return passed
+
+
 def _load_aiter():
-    """Import aiter and read its signatures; raise on anything this file cannot call."""
+    """Import aiter and read its signatures; raise on anything this file cannot call.
+    Returns (aiter, mla_decode_fwd, {op: (fn, positional order or None, names passed)})."""
     import aiter
     from aiter.mla import mla_decode_fwd
 
@@ -326,9 +371,6 @@ def _load_aiter():
     for name in DECODE_FWD_KEYWORDS:
         if name not in decode_names:
             raise RuntimeError(f"mla_decode_fwd has no parameter {name!r}")
-    for name in ("get_mla_metadata_info_v1", "get_mla_metadata_v1"):
-        if not callable(getattr(aiter, name, None)):
-            raise RuntimeError(f"aiter has no {name}")
     calls = {}
     for op_name, known, optional in (
             ("mla_decode_stage1_asm_fwd", STAGE1_PARAMETERS, STAGE1_OPTIONAL),
@@ -338,6 +380,17 @@ def _load_aiter():
             raise RuntimeError(f"aiter has no {op_name}")
         order = positional_order(op_name, aiter_parameters(fn, op_name), known, optional)
         calls[op_name] = (fn, order, order(known))
+    for op_name, positional, keywords, alternatives, optional in (
+            ("get_mla_metadata_v1", METADATA_POSITIONAL, METADATA_KEYWORDS,
+             METADATA_DTYPE_KEYWORDS, ()),
+            ("get_mla_metadata_info_v1", INFO_POSITIONAL, INFO_KEYWORDS, (),
+             INFO_OPTIONAL_KEYWORDS)):
+        fn = getattr(aiter, op_name, None)
+        if not callable(fn):
+            raise RuntimeError(f"aiter has no {op_name}")
+        passed = keyword_names(op_name, aiter_parameters(fn, op_name), positional, keywords,
+                               alternatives, optional)
+        calls[op_name] = (fn, None, positional + passed)
     return aiter, mla_decode_fwd, calls
 
 
@@ -345,11 +398,16 @@ try:
     aiter, mla_decode_fwd, _AITER_CALLS = _load_aiter()
     _stage1, _STAGE1_ORDER, _ = _AITER_CALLS["mla_decode_stage1_asm_fwd"]
     _reduce, _REDUCE_ORDER, _ = _AITER_CALLS["mla_reduce_v1"]
-    # the parameter names each op is called with, in order: how this aiter was understood
+    # the parameter names each call passes, in order: how this aiter was understood
     AITER_API = {op_name: names for op_name, (_, _, names) in _AITER_CALLS.items()}
+    # get_mla_metadata_v1's dtype keywords; whether the info takes max_split_per_batch
+    _METADATA_DTYPES = next(pair for pair in METADATA_DTYPE_KEYWORDS
+                            if set(pair) <= set(AITER_API["get_mla_metadata_v1"]))
+    _INFO_SPLIT_CAP = "max_split_per_batch" in AITER_API["get_mla_metadata_info_v1"]
     HAVE_AITER = True
 except Exception as exc:  # not installed, a broken install, or an API this file does not know
     aiter = mla_decode_fwd = _stage1 = _reduce = _STAGE1_ORDER = _REDUCE_ORDER = AITER_API = None
+    _METADATA_DTYPES = _INFO_SPLIT_CAP = None
     HAVE_AITER = False
     _reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
     print(f"submission.py: aiter routes off ({_reason}); using the portable Triton routes",
@@ -407,26 +465,51 @@ def quantize_q_fp8(q, fp8_dtype, q_scale_mode):
         q_fp8.copy_(q)
         return q_fp8, unit_scale
     if q_scale_mode == "per_tensor":
-        amax = torch.linalg.vector_norm(q, float("inf"), dtype=torch.float32).reshape(1)
-        q_scale = amax.clamp_(min=1e-12).div_(_FP8_MAX[fp8_dtype])
-        # q / scale in float32, rounded once into fp8. |q / scale| <= fp8 max up to float32
-        # rounding, which the cast rounds back to the max: no clamp launch needed.
-        torch.div(q, q_scale, out=q_fp8)
-        return q_fp8, q_scale
+        # The runner's quantiser step for step, in q's own bf16 (bit for bit its bytes and scale):
+        # amax, amax / fp8 max rounded to bf16, q / scale rounded to bf16, then the cast. The
+        # bf16 scale may undershoot amax / fp8 max by half a bf16 step, so |q / scale| can pass
+        # the fp8 max by less than half an fp8 step, which the cast rounds to the max: no clamp.
+        amax = torch.linalg.vector_norm(q, float("inf")).reshape(1)
+        scale = amax.clamp_(min=1e-12).div_(_FP8_MAX[fp8_dtype])
+        q_fp8.copy_(torch.div(q, scale))
+        return q_fp8, scale.float()
     raise ValueError(f"q_scale_mode must be 'per_tensor' or 'plain_cast', got {q_scale_mode!r}")
+
+
+# How get_mla_metadata_v1 cuts the KV into work. REFERENCE_PLAN is the runner's reference's own
+# setting (intra-batch: every batch split on its own), which runs on every check the runner makes,
+# at its shapes: uniform lengths of 1024 and 8192, page size 1. On gfx950 (aiter f3be04a12) it
+# gives a batch min(length // 196, ...) splits, so a batch shorter than INTRA_BATCH_MIN_KV gets 0
+# and aiter divides by zero; it ignores the page size and the last-page lengths. BALANCED_PLAN
+# (aiter's fast mode: the KV of all batches cut evenly over the CUs, page aware) serves the rest:
+# ragged or short lengths, and pages.
+REFERENCE_PLAN = {"is_causal": True, "fast_mode": False, "intra_batch_mode": True}
+BALANCED_PLAN = {"is_causal": False, "fast_mode": True, "intra_batch_mode": False}
+INTRA_BATCH_MIN_KV = 196
+
+
+def plan_setting(page_size, uniform, kv_seq_len):
+    """REFERENCE_PLAN where the shapes vouch that every batch is long enough, else BALANCED_PLAN."""
+    if page_size == 1 and uniform and kv_seq_len >= INTRA_BATCH_MIN_KV:
+        return REFERENCE_PLAN
+    return BALANCED_PLAN
 
 
 class PersistentPlan:
     """One shape's work plan: the six buffers get_mla_metadata_info_v1 describes (filled by
-    get_mla_metadata_v1), plus the float32 partials stage 1 writes and the reduce reads, sized
-    reduce_partial_map.size(0) * max_seqlen_q rows as aiter's own wrapper sizes them."""
-    __slots__ = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr",
+    get_mla_metadata_v1 with `setting`, one of the *_PLAN dicts), plus the float32 partials stage 1
+    writes and the reduce reads, sized reduce_partial_map.size(0) * max_seqlen_q rows as aiter's
+    own wrapper sizes them."""
+    __slots__ = ("setting", "work_meta_data", "work_indptr", "work_info_set", "reduce_indptr",
                  "reduce_final_map", "reduce_partial_map", "partial_output", "partial_lse")
 
-    def __init__(self, batch, max_seqlen_q, num_kv_splits, q_dtype, kv_dtype, device):
+    def __init__(self, batch, max_seqlen_q, num_kv_splits, q_dtype, kv_dtype, device, setting):
+        self.setting = setting
+        split_cap = {"max_split_per_batch": num_kv_splits} if _INFO_SPLIT_CAP else {}
         info = aiter.get_mla_metadata_info_v1(
             batch, max_seqlen_q, NUM_HEADS, q_dtype, kv_dtype, False,
-            fast_mode=True, num_kv_splits=num_kv_splits, intra_batch_mode=False)
+            fast_mode=setting["fast_mode"], num_kv_splits=num_kv_splits,
+            intra_batch_mode=setting["intra_batch_mode"], **split_cap)
         (self.work_meta_data, self.work_indptr, self.work_info_set, self.reduce_indptr,
          self.reduce_final_map, self.reduce_partial_map) = [
             torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info]
@@ -439,13 +522,15 @@ class PersistentPlan:
     def fill(self, qo_indptr, kv_page_indptr, kv_last_page_lens, max_seqlen_q, page_size,
              num_kv_splits, q_dtype, kv_dtype):
         """Write the plan for the lengths these indptrs hold (a GPU op, no sync)."""
+        dtype_q, dtype_kv = _METADATA_DTYPES
         aiter.get_mla_metadata_v1(
             qo_indptr, kv_page_indptr, kv_last_page_lens, NUM_HEADS // NUM_KV_HEADS,
-            NUM_KV_HEADS, False, self.work_meta_data, self.work_info_set, self.work_indptr,
-            self.reduce_indptr, self.reduce_final_map, self.reduce_partial_map,
+            NUM_KV_HEADS, self.setting["is_causal"], self.work_meta_data, self.work_info_set,
+            self.work_indptr, self.reduce_indptr, self.reduce_final_map, self.reduce_partial_map,
             page_size=page_size, kv_granularity=max(page_size, 16), max_seqlen_qo=max_seqlen_q,
-            uni_seqlen_qo=max_seqlen_q, fast_mode=True, max_split_per_batch=num_kv_splits,
-            intra_batch_mode=False, dtype_q=q_dtype, dtype_kv=kv_dtype)
+            uni_seqlen_qo=max_seqlen_q, fast_mode=self.setting["fast_mode"],
+            max_split_per_batch=num_kv_splits, intra_batch_mode=self.setting["intra_batch_mode"],
+            **{dtype_q: q_dtype, dtype_kv: kv_dtype})
 
 
 def persistent_plan(qo_indptr, kv_page_indptr, kv_last_page_lens, batch, total_kv, kv_seq_len,
@@ -453,13 +538,14 @@ def persistent_plan(qo_indptr, kv_page_indptr, kv_last_page_lens, batch, total_k
     """The plan for this call. A plan is only right for the KV lengths it was built from, and only
     the shapes can vouch for those without a sync: with uniform lengths the key holds kv_seq_len
     and the plan is filled once; otherwise (page size 1 only) the cached buffers are refilled on
-    every call from this call's indptrs."""
+    every call from this call's indptrs. The key decides plan_setting too."""
     key = (batch, total_kv, kv_seq_len if uniform else None, max_seqlen_q, page_size,
            num_kv_splits, q_dtype, kv_dtype, device)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = PersistentPlan(batch, max_seqlen_q, num_kv_splits, q_dtype,
-                                            kv_dtype, device)
+                                            kv_dtype, device,
+                                            plan_setting(page_size, uniform, kv_seq_len))
     elif uniform:
         return plan
     plan.fill(qo_indptr, kv_page_indptr, kv_last_page_lens, max_seqlen_q, page_size,

@@ -1,9 +1,15 @@
 """submission.py's aiter routes, proven against the strict aiter test double (tests/aiter_double).
 
-Each configuration loads submission.py as a fresh module with the double first on sys.path (both
-API generations, and the double's opaque-signature mode); sys.modules is restored afterwards. The
-double computes from the buffers it is given, so wrong page maths, stale plans or wrong buffers
-give wrong numbers, which these tests measure against float64 attention.
+Each configuration loads submission.py as a fresh module with the double first on sys.path;
+sys.modules is restored afterwards. The double presents every aiter generation as aiter does:
+compiled ops behind (*args, **kwargs) shims, their parameter names only in the schemas under
+torch.ops.aiter, every call through torch.ops. It computes from the buffers it is given, so wrong
+page maths, stale plans or wrong buffers give wrong numbers, which these tests measure against
+float64 attention. The full numerics run on the runner's generation (f3be04a12) and the newest
+one; every generation the submission recognises runs the persistent route once.
+
+The inputs live on the CPU, where the double computes; tests of the portable routes use the
+default device (a GPU where there is one: the Triton routes need one unless interpreted).
 """
 import importlib
 import inspect
@@ -11,10 +17,12 @@ import inspect
 import pytest
 import torch
 
-GENERATIONS = ("2026-03", "2026-04")
+from aiter_double import loader  # tests/ is on sys.path: pytest's rootdir import
 
-
-from aiter_double import loader  # noqa: E402  (tests/ is on sys.path: pytest's rootdir import)
+RUNNER_GENERATION = "2026-03-04"  # aiter f3be04a12
+KNOWN_GENERATIONS = ("2026-03-04", "2026-03-16", "2026-06-11", "2026-07-13")
+NUMERICS_GENERATIONS = ("2026-03-04", "2026-07-13")  # the runner's and the newest
+FP8_MAX_E4M3FN = 448.0
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -41,9 +49,16 @@ def make_input(reference):
     return make
 
 
-@pytest.fixture(scope="module", params=GENERATIONS)
+@pytest.fixture(scope="module", params=NUMERICS_GENERATIONS)
 def loaded(request):
     result = loader.load_submission(request.param)
+    assert result.module.HAVE_AITER, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def runner_aiter():
+    result = loader.load_submission(RUNNER_GENERATION)
     assert result.module.HAVE_AITER, result.stderr
     return result
 
@@ -54,66 +69,108 @@ def _route_error(reference, out, expected):
     return reference.rel_l2_error(out, expected)
 
 
+def _reference_error(reference, out, data):
+    """Distance to the reference's own mathematics (fp8 q as the runner quantises it, fp8 KV,
+    float32 softmax): an a8w8 route with per-tensor q computes exactly that, so a dropped row, a
+    wrong page or a wrong split weight shows far above float32 / bf16 rounding."""
+    return reference.rel_l2_error(out, reference.ref_kernel_torch(data).double())
+
+
 def _label(row):
     return f"{row['route']} {row['params']}"
+
+
+def _schema_names(double, op_name):
+    return tuple(row[0] for row in double._api.API[op_name])
 
 
 # ---------------------------------------------------------------------------------------------
 # Import and API drift
 
 
-@pytest.mark.parametrize("generation", GENERATIONS)
-def test_import_reads_each_generation_once(generation):
+@pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
+def test_import_reads_each_generation_from_the_op_schemas(generation):
+    """The compiled ops hide their signatures, as aiter's do: the names the submission uses can
+    only have come from the schemas under torch.ops.aiter."""
     result = loader.load_submission(generation)
-    mod = result.module
+    mod, double = result.module, result.aiter
     assert mod.HAVE_AITER is True and result.stderr == ""
+    for op_name in ("mla_decode_stage1_asm_fwd", "mla_reduce_v1", "get_mla_metadata_v1"):
+        assert str(inspect.signature(getattr(double, op_name))) == "(*args, **kwargs)"
     stage1 = mod.AITER_API["mla_decode_stage1_asm_fwd"]
     reduce = mod.AITER_API["mla_reduce_v1"]
-    assert stage1[-2:] == ("q_scale", "kv_scale")
-    if generation == "2026-03":
-        assert stage1[-3] == "output" and "num_kv_splits" not in reduce
-    else:
-        assert stage1[-4:-2] == ("output", "lse") and reduce[6] == "num_kv_splits"
+    assert stage1 == _schema_names(double, "mla_decode_stage1_asm_fwd")[:len(stage1)]
+    assert stage1[-2:] == ("q_scale", "kv_scale") and reduce[-2:] == ("final_output", "final_lse")
+    assert ("lse" in stage1) == (generation != "2026-03-04")
+    assert len(stage1) == (19 if generation == "2026-03-04" else 20)
+    assert ("num_kv_splits" in reduce) == (generation >= "2026-06-11")
+    assert len(reduce) == (9 if generation >= "2026-06-11" else 8)
+    metadata = mod.AITER_API["get_mla_metadata_v1"]
+    dtype_names = ("dtype_q_nope", "dtype_kv_nope") if generation == "2026-07-13" else (
+        "dtype_q", "dtype_kv")
+    assert metadata[-2:] == dtype_names
+    info = mod.AITER_API["get_mla_metadata_info_v1"]
+    assert ("max_split_per_batch" in info) == (generation >= "2026-06-11")
     assert set(mod.ROUTES) >= {"aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent"}
     assert mod.active_route_table() is mod.AITER_ROUTE_TABLE
 
 
-def test_opaque_signatures_are_read_from_the_op_schema(make_input, reference):
-    """Real aiter wraps its ops in (*args, **kwargs): the names come from torch.ops.aiter."""
-    result = loader.load_submission("2026-04", opaque=True)
-    mod = result.module
-    assert mod.HAVE_AITER, result.stderr
-    assert str(inspect.signature(result.aiter.mla_decode_stage1_asm_fwd)) == "(*args, **kwargs)"
-    assert "lse" in mod.AITER_API["mla_decode_stage1_asm_fwd"]
-    assert "num_kv_splits" in mod.AITER_API["mla_reduce_v1"]
-    data, expected = make_input(8, 128)
-    out = mod.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=4,
-                                          q_scale_mode="per_tensor")
-    bound = mod.ROUTE_INFO["aiter_a8w8_persistent"]["rel_l2_bound"]
-    assert _route_error(reference, out, expected) <= bound
+@pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
+def test_every_generation_runs_the_persistent_route_through_torch_ops(generation, make_input,
+                                                                      reference):
+    """Both plan settings (the reference's intra-batch plan for uniform lengths, the balanced one
+    for ragged lengths), each through the generation's shims and torch.ops."""
+    result = loader.load_submission(generation)
+    mod, double = result.module, result.aiter
+    for batch, kv_len, kv_lens in ((4, 256, None), (3, 0, (300, 17, 200))):
+        data, expected = make_input(batch, kv_len, kv_lens=kv_lens)
+        double.reset()
+        out = mod.aiter_a8w8_persistent_route(*data, page_size=1, num_kv_splits=8)
+        assert _reference_error(reference, out, data) < 2e-3, (generation, kv_lens)
+        assert _route_error(reference, out, expected) <= 0.06
+        assert double.CALLS["mla_decode_stage1_asm_fwd"] == double.CALLS["mla_reduce_v1"] == 1
+        assert double.CALLS["get_mla_metadata_v1"] == 1
+
+
+def test_the_ops_check_their_arguments_as_torch_ops_does(runner_aiter, make_input):
+    """A call through the schema: a float where an int belongs, a missing argument and an
+    unknown keyword are refused by the dispatcher before the double sees them."""
+    double = runner_aiter.aiter
+    data, _ = make_input(4, 64)
+    q, kv_data, qo_indptr, kv_indptr, _ = data
+    reduce_args = [torch.zeros(2, 1, 16, 512), torch.zeros(2, 1, 16, 1),
+                   torch.zeros(5, dtype=torch.int32), None, torch.zeros(2, dtype=torch.int32)]
+    out = torch.empty(4, 16, 512, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="max_seqlen_q"):
+        double.mla_reduce_v1(*reduce_args, 1.0, out)
+    with pytest.raises(RuntimeError):
+        double.mla_reduce_v1(*reduce_args, 1)
+    with pytest.raises(RuntimeError, match="num_kv_splits"):
+        double.mla_reduce_v1(*reduce_args, 1, out, num_kv_splits=2)
 
 
 def test_the_double_rejects_the_other_generations_argument_order(make_input):
     """What the drift detection protects against: an op called with the other generation's
     positional layout fails on the double (on the real library it would misbehave)."""
-    old, new = loader.load_submission("2026-03"), loader.load_submission("2026-04")
+    old = loader.load_submission("2026-03-04")
+    new = loader.load_submission("2026-06-11")
     data, _ = make_input(4, 64)
     for caller, callee in ((old, new), (new, old)):
         mod = caller.module
-        for op in ("_stage1", "_reduce"):  # one op of the other generation at a time
-            own = getattr(mod, op)
-            setattr(mod, op, getattr(callee.aiter, own.__name__))
+        for attribute, op_name in (("_stage1", "mla_decode_stage1_asm_fwd"),
+                                   ("_reduce", "mla_reduce_v1")):
+            own = getattr(mod, attribute)
+            setattr(mod, attribute, getattr(callee.aiter, op_name))
             try:
-                with pytest.raises((TypeError, RuntimeError)):
+                with pytest.raises(RuntimeError):  # the dispatcher's or the double's
                     mod.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=2)
             finally:
-                setattr(mod, op, own)
+                setattr(mod, attribute, own)
         mod.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=2)  # its own: fine
 
 
 @pytest.mark.parametrize("generation", [None, "2099-01"])
-def test_without_a_known_aiter_the_portable_route_runs_after_one_warning(generation, make_input,
-                                                                         reference):
+def test_without_a_known_aiter_the_portable_route_runs_after_one_warning(generation, reference):
     result = loader.load_submission(generation)
     mod = result.module
     assert mod.HAVE_AITER is False and mod.AITER_API is None
@@ -123,11 +180,227 @@ def test_without_a_known_aiter_the_portable_route_runs_after_one_warning(generat
         assert "cu_mask" in lines[0]  # names what it did not understand
     assert not any(name.startswith("aiter_") for name in mod.ROUTES)
     assert mod.active_route_table() is mod.TRITON_ROUTE_TABLE
-    data, expected = make_input(2, 48)
+    data = reference.generate_input(2, 1, 48, 7)  # the default device: the routes' own
     out = mod.custom_kernel(data)
     row = mod.select_route(2, 48, True)
     assert row in mod.TRITON_ROUTE_TABLE and mod.LAST_ROUTE == _label(row)
+    expected = reference.attention_float64(data)
     assert _route_error(reference, out, expected) <= mod.ROUTE_INFO[row["route"]]["rel_l2_bound"]
+
+
+def _parameters(names, required=()):
+    return [(name, name not in required) for name in names]
+
+
+def test_a_metadata_api_this_file_cannot_call_is_refused(runner_aiter):
+    """keyword_names decides what get_mla_metadata_v1 / _info_v1 get; what does not fit raises
+    (and so turns the aiter routes off at import)."""
+    mod = runner_aiter.module
+    head, keywords = mod.METADATA_POSITIONAL, mod.METADATA_KEYWORDS
+    pairs = mod.METADATA_DTYPE_KEYWORDS
+
+    def names(params):
+        return mod.keyword_names("get_mla_metadata_v1", params, head, keywords, pairs)
+
+    base = list(head) + list(keywords)
+    required = set(head)
+    assert names(_parameters(base + ["dtype_q", "dtype_kv"], required))[-2:] == pairs[0]
+    nope = names(_parameters(base + ["is_cp_round_robin", "dtype_q_nope", "dtype_kv_nope"],
+                             required))
+    assert nope[-2:] == pairs[1]
+    both = _parameters(base + ["dtype_q_nope", "dtype_kv_nope", "dtype_q", "dtype_kv"], required)
+    assert names(both)[-2:] == pairs[0]
+    swapped = list(head)
+    swapped[7], swapped[8] = swapped[8], swapped[7]  # work_indptr before work_info_set
+    for bad, message in (
+            (None, "unreadable"),
+            (_parameters(swapped + list(keywords) + ["dtype_q", "dtype_kv"], required), "begin"),
+            (_parameters(base + ["dtype_x"], required), "none of"),
+            (_parameters(base[:-1] + ["dtype_q", "dtype_kv"], required), "intra_batch_mode"),
+            (_parameters(base + ["dtype_q", "dtype_kv", "new"], required | {"new"}), "'new'")):
+        with pytest.raises(RuntimeError, match=message):
+            names(bad)
+    info = mod.keyword_names("get_mla_metadata_info_v1",
+                             _parameters(list(mod.INFO_POSITIONAL) + list(mod.INFO_KEYWORDS)
+                                         + ["max_split_per_batch"], set(mod.INFO_POSITIONAL)),
+                             mod.INFO_POSITIONAL, mod.INFO_KEYWORDS, (),
+                             mod.INFO_OPTIONAL_KEYWORDS)
+    assert info[-1] == "max_split_per_batch"
+
+
+# ---------------------------------------------------------------------------------------------
+# The double refuses what aiter refuses
+
+
+def _persistent_call(mod, data, page_size=1, num_kv_splits=4):
+    """(stage-1 arguments by name, plan) exactly as the persistent route passes them."""
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    kv, kv_scale = kv_data["fp8"]
+    batch, total_kv = qo_indptr.shape[0] - 1, kv.shape[0]
+    uniform = mod.declares_uniform_kv(batch, total_kv, config)
+    tables = mod.page_tables(batch, total_kv, config["kv_seq_len"], page_size, q.device)
+    kv_page_indptr = kv_indptr if page_size == 1 else tables.kv_page_indptr
+    q_fp8, q_scale = mod.quantize_q_fp8(q, kv.dtype, "per_tensor")
+    plan = mod.persistent_plan(qo_indptr, kv_page_indptr, tables.kv_last_page_lens, batch,
+                               total_kv, config["kv_seq_len"], uniform, 1, page_size,
+                               num_kv_splits, q_fp8.dtype, kv.dtype, q.device)
+    args = dict(
+        Q=q_fp8.clone(), KV=kv.view(total_kv // page_size, page_size, 1, 576),
+        qo_indptr=qo_indptr, kv_indptr=kv_page_indptr, kv_page_indices=tables.kv_page_ids,
+        kv_last_page_lens=tables.kv_last_page_lens, num_kv_splits_indptr=None,
+        work_meta_data=plan.work_meta_data, work_indptr=plan.work_indptr,
+        work_info_set=plan.work_info_set, max_seqlen_q=1, page_size=page_size, nhead_kv=1,
+        softmax_scale=mod.SM_SCALE, splitData=plan.partial_output, splitLse=plan.partial_lse,
+        output=torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16), q_scale=q_scale.clone(),
+        kv_scale=kv_scale)
+    return args, plan
+
+
+def test_the_persistent_call_as_the_route_makes_it_is_accepted(runner_aiter, make_input,
+                                                               reference):
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    data, _ = make_input(4, 256)
+    args, plan = _persistent_call(mod, data)
+    double.mla_decode_stage1_asm_fwd(**args)
+    double.mla_reduce_v1(plan.partial_output, plan.partial_lse, plan.reduce_indptr,
+                         plan.reduce_final_map, plan.reduce_partial_map, 1, args["output"])
+    assert _reference_error(reference, args["output"], data) < 2e-3
+
+
+@pytest.mark.parametrize("change,message", [
+    ("split indptr with a plan", "NON-persistent"),
+    ("non-contiguous Q", "contiguous"),
+    ("no kv_scale", "kv_scale"),
+    ("another plan's work_meta_data", "work_meta_data"),
+    ("too few partial rows", "splitData"),
+])
+def test_the_double_refuses_what_aiter_refuses(runner_aiter, make_input, change, message):
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    data, _ = make_input(4, 1024)  # long enough for several splits: partial rows in use
+    args, plan = _persistent_call(mod, data)
+    if change == "split indptr with a plan":
+        args["num_kv_splits_indptr"] = torch.arange(5, dtype=torch.int32)
+    elif change == "non-contiguous Q":
+        args["Q"] = torch.empty(16, 4, 576, dtype=args["Q"].dtype).transpose(0, 1)
+    elif change == "no kv_scale":
+        args["kv_scale"] = None
+    elif change == "another plan's work_meta_data":
+        other, _ = _persistent_call(mod, make_input(4, 128)[0])
+        args["work_meta_data"] = other["work_meta_data"]
+    elif change == "too few partial rows":
+        args["splitData"] = plan.partial_output[:1]
+        args["splitLse"] = plan.partial_lse[:1]
+    with pytest.raises(double.ContractError, match=message):
+        double.mla_decode_stage1_asm_fwd(**args)
+
+
+def test_the_double_refuses_a_scale_on_another_device(runner_aiter, make_input):
+    """The kernel reads the scale through its address: it must be on Q's device. (Called below
+    the dispatcher, which would refuse a meta tensor among CPU ones before the double sees it.)"""
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    args, _ = _persistent_call(mod, make_input(4, 256)[0])
+    args["q_scale"] = args["q_scale"].to("meta")
+    with pytest.raises(double.ContractError, match="device|foreign"):
+        double._double.stage1(**args)
+
+
+def test_the_double_refuses_a_reduce_reading_outside_the_partials(runner_aiter, make_input):
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    args, plan = _persistent_call(mod, make_input(4, 1024)[0], num_kv_splits=4)
+    double.mla_decode_stage1_asm_fwd(**args)
+    assert plan.reduce_indptr[-1].item() > 0  # the plan splits: the reduce has work
+    with pytest.raises(double.ContractError, match="outside partial_output"):
+        double.mla_reduce_v1(plan.partial_output[:1], plan.partial_lse[:1], plan.reduce_indptr,
+                             plan.reduce_final_map, plan.reduce_partial_map, 1, args["output"])
+
+
+@pytest.mark.parametrize("generation", ["2026-03-04", "2026-06-11"])
+def test_the_info_returns_plain_ints_and_aiters_dtypes(generation):
+    double = loader.load_submission(generation).aiter
+    num_cu = double.NUM_CU
+    fast = double.get_mla_metadata_info_v1(8, 1, 16, torch.float8_e4m3fn, torch.float8_e4m3fn,
+                                           False, fast_mode=True, num_kv_splits=16,
+                                           intra_batch_mode=False)
+    intra = double.get_mla_metadata_info_v1(8, 1, 16, torch.float8_e4m3fn, torch.float8_e4m3fn,
+                                            False, fast_mode=False, num_kv_splits=16,
+                                            intra_batch_mode=True)
+    for info in (fast, intra):
+        assert isinstance(info, tuple) and len(info) == 6
+        for shape, dtype in info:
+            dims = shape if isinstance(shape, tuple) else (shape,)
+            assert all(type(d) is int for d in dims), info
+            assert dtype in (torch.uint64, torch.int32)
+        assert info[0] == (2, torch.uint64) and info[1] == (num_cu + 1, torch.int32)
+    assert fast[2][0] == (8 + num_cu - 1, 8) and fast[5][0] == 8 + num_cu - 1
+    assert intra[2][0] == (8 * 16, 8) and intra[5][0] == 8 * 16
+    if generation >= "2026-06-11":  # the split cap enlarges the partial map
+        capped = double.get_mla_metadata_info_v1(
+            8, 1, 16, torch.float8_e4m3fn, torch.float8_e4m3fn, False, max_split_per_batch=64)
+        assert capped[5][0] == 8 * min(num_cu, 64 * 8)
+    else:
+        with pytest.raises(TypeError):
+            double.get_mla_metadata_info_v1(8, 1, 16, torch.float8_e4m3fn,
+                                            torch.float8_e4m3fn, False, max_split_per_batch=64)
+
+
+def test_the_runners_reference_calls_run_on_the_double(make_input, reference):
+    """The runner's reference, call for call (reference.ref_kernel_aiter: intra-batch plan,
+    is_causal, the batch lengths as last-page lengths), gives the reference's mathematics; a
+    batch shorter than 196 makes aiter's intra-batch plan divide by zero, which the double
+    refuses."""
+    data, _ = make_input(4, 1024)
+    short, _ = make_input(4, 100)
+    with loader.aiter_environment(RUNNER_GENERATION):
+        import aiter
+
+        out = reference.ref_kernel_aiter(data)
+        facts = [f for name, f in aiter.LOG if name == "get_mla_metadata_v1"]
+        with pytest.raises(aiter.ContractError, match="divides by zero"):
+            reference.ref_kernel_aiter(short)
+    assert facts[0]["intra_batch_mode"] and not facts[0]["fast_mode"] and facts[0]["is_causal"]
+    assert _reference_error(reference, out, data) < 2e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans: the reference's setting where the shapes allow it, the balanced one elsewhere
+
+
+def _plan_facts(double):
+    return [facts for name, facts in double.LOG if name == "get_mla_metadata_v1"]
+
+
+@pytest.mark.parametrize("batch,kv_len,kv_lens,page_size,intra_batch", [
+    (4, 256, None, 1, True),  # uniform, long enough: the runner's reference setting
+    (4, 128, None, 1, False),  # too short for aiter's intra-batch plan
+    (4, 256, None, 2, False),  # pages: the intra-batch plan ignores the page size
+    (3, 0, (300, 17, 200), 1, False),  # ragged: one batch may be short
+])
+def test_the_plan_setting_follows_the_shapes(runner_aiter, make_input, reference, batch, kv_len,
+                                             kv_lens, page_size, intra_batch):
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    data, _ = make_input(batch, kv_len, kv_lens=kv_lens)
+    double.reset()
+    out = mod.aiter_a8w8_persistent_route(*data, page_size=page_size, num_kv_splits=8,
+                                          q_scale_mode="per_tensor")
+    (facts,) = _plan_facts(double)
+    expected = mod.REFERENCE_PLAN if intra_batch else mod.BALANCED_PLAN
+    assert {key: facts[key] for key in expected} == expected
+    assert _reference_error(reference, out, data) < 2e-3
+
+
+def test_the_info_gets_the_split_cap_where_it_takes_it(make_input):
+    """aiter from 2026-06-11 sizes reduce_partial_map by max_split_per_batch: the plan's buffer
+    shows whether it was passed."""
+    sizes = {}
+    for generation in ("2026-03-04", "2026-06-11"):
+        result = loader.load_submission(generation)
+        data, _ = make_input(8, 128)
+        result.module.aiter_a8w8_persistent_route(*data, page_size=1, num_kv_splits=64)
+        (plan,) = result.module._PLANS.values()
+        sizes[generation] = plan.reduce_partial_map.shape[0]
+        assert plan.partial_output.shape[0] == sizes[generation]  # sized as aiter's wrapper
+    num_cu = loader.load_submission(RUNNER_GENERATION).aiter.NUM_CU
+    assert sizes == {"2026-03-04": 8 + num_cu - 1, "2026-06-11": 8 * min(num_cu, 64 * 8)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,22 +426,20 @@ def test_every_row_route_is_accurate(loaded, row_index, make_input, reference):
     bound = loaded.module.ROUTE_INFO[row["route"]]["rel_l2_bound"]
     assert _route_error(reference, out, expected) <= bound, _label(row)
     if "q_scale_mode" in row["params"]:
-        # With the reference's own q quantisation an a8w8 route computes the reference's
-        # mathematics: a dropped row, a wrong page or a wrong split weight shows up far above
-        # float32 / bf16 rounding.
         params = dict(row["params"], q_scale_mode="per_tensor")
         out = loaded.module.ROUTES[row["route"]](*data, **params)
-        assert reference.rel_l2_error(out, reference.ref_kernel_torch(data).double()) < 2e-3
+        assert _reference_error(reference, out, data) < 2e-3, _label(row)
 
 
-SMALL_SHAPES = [  # (batch, kv_len, kv_lens): one per row of the default (v86) table
+SMALL_SHAPES = [  # (batch, kv_len, kv_lens): one or more per row of the default table
     (4, 256, None),  # aiter_bf16
-    (32, 256, None),  # persistent page 2, 16 splits
+    (32, 256, None),  # persistent, 16 splits (kv <= 1024)
     (64, 64, None),  # aiter_fp8, plain cast
-    (72, 128, None),  # persistent page 2, 8 splits
-    (4, 1032, None),  # persistent page 8, 16 splits
-    (5, 1032, None),  # persistent page 8, 8 splits
-    (3, 0, (1500, 1100, 1301)),  # ragged: the catch-all (page 1, per-tensor)
+    (72, 128, None),  # persistent, 8 splits (kv <= 1024)
+    (4, 1032, None),  # persistent, 16 splits (bs <= 4)
+    (3, 0, (1500, 1100, 1301)),  # ragged, bs <= 4: the same row
+    (5, 1032, None),  # persistent, 8 splits (kv <= 8192)
+    (5, 8200, None),  # the catch-all (kv > 8192): per-tensor q, 32 splits
 ]
 
 
@@ -185,86 +456,108 @@ def test_custom_kernel_runs_the_selected_row_accurately(loaded, batch, kv_len, k
     assert _route_error(reference, out, expected) <= mod.ROUTE_INFO[row["route"]]["rel_l2_bound"]
 
 
-def test_the_default_table_rows_are_all_reached_by_the_small_shapes(loaded, make_input):
-    mod = loaded.module
-    reached = []
+def test_the_default_table_rows_are_all_reached_by_the_small_shapes(runner_aiter, make_input):
+    mod = runner_aiter.module
+    reached = set()
     for batch, kv_len, kv_lens in SMALL_SHAPES:
         data, _ = make_input(batch, kv_len, kv_lens=kv_lens)
         total_kv = data[1]["fp8"][0].shape[0]
         uniform = mod.declares_uniform_kv(batch, total_kv, data[4])
-        row = mod.select_route(batch, total_kv // batch, uniform)
-        reached.append(mod.AITER_ROUTE_TABLE.index(row))
-    assert reached == list(range(len(mod.AITER_ROUTE_TABLE)))
+        reached.add(mod.AITER_ROUTE_TABLE.index(mod.select_route(batch, total_kv // batch,
+                                                                 uniform)))
+    assert reached == set(range(len(mod.AITER_ROUTE_TABLE)))
 
 
 # ---------------------------------------------------------------------------------------------
 # Caches: plans reused per shape, rebuilt for other lengths, never stale
 
 
-def test_plans_are_reused_per_shape_and_built_per_shape(loaded, make_input):
-    mod, double = loaded.module, loaded.aiter
+@pytest.mark.parametrize("page_size,kv_lens", [(2, (128, 256)), (1, (256, 512))])
+def test_plans_are_reused_per_shape_and_built_per_shape(runner_aiter, make_input, page_size,
+                                                        kv_lens):
+    mod, double = runner_aiter.module, runner_aiter.aiter
 
-    def run(batch, kv_len, seed):
-        data, _ = make_input(batch, kv_len, seed=seed)
-        return mod.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=4)
+    def run(kv_len, seed):
+        data, _ = make_input(8, kv_len, seed=seed)
+        return mod.aiter_a8w8_persistent_route(*data, page_size=page_size, num_kv_splits=4)
 
+    first, second = kv_lens
     mod._PLANS.clear()
     double.reset()
-    run(8, 128, 1)
-    run(8, 128, 2)
+    run(first, 1)
+    run(first, 2)
     assert double.CALLS["get_mla_metadata_v1"] == 1
     assert double.CALLS["get_mla_metadata_info_v1"] == 1
     assert double.CALLS["mla_decode_stage1_asm_fwd"] == 2 and double.CALLS["mla_reduce_v1"] == 2
-    run(8, 256, 1)  # other lengths: a plan of its own
+    run(second, 1)  # other lengths: a plan of its own
     assert double.CALLS["get_mla_metadata_v1"] == 2
-    run(8, 128, 3)  # back to the first shape: still cached
+    run(first, 3)  # back to the first shape: still cached
     assert double.CALLS["get_mla_metadata_v1"] == 2
     assert len(mod._PLANS) == 2
 
 
-def test_ragged_lengths_never_use_a_paged_plan_and_are_right(loaded, make_input, reference):
+def test_ragged_lengths_never_use_a_paged_plan_and_are_right(runner_aiter, make_input,
+                                                             reference):
     """Same batch, same total and same config for two different ragged layouts: the plan must be
     rebuilt from each call's indptr, and no page size above 1 may be used."""
-    mod, double = loaded.module, loaded.aiter
+    mod, double = runner_aiter.module, runner_aiter.aiter
     layouts = [(1500, 1100, 1301), (1301, 1500, 1100), (100, 37, 64, 255, 3, 90, 17, 200)]
     for lens in layouts:
         data, expected = make_input(len(lens), 0, kv_lens=lens)
         double.reset()
-        before = double.CALLS["get_mla_metadata_v1"]
         out = mod.custom_kernel(data)
         pages = [facts["page_size"] for _, facts in double.LOG if "page_size" in facts]
         assert pages and set(pages) == {1}, (mod.LAST_ROUTE, double.LOG)
-        assert "'page_size': 2" not in mod.LAST_ROUTE and "'page_size': 8" not in mod.LAST_ROUTE
+        assert "'page_size': 1" in mod.LAST_ROUTE or "page_size" not in mod.LAST_ROUTE
         if mod.LAST_ROUTE.startswith("aiter_a8w8_persistent"):
-            assert double.CALLS["get_mla_metadata_v1"] == before + 1  # rebuilt every call
+            assert double.CALLS["get_mla_metadata_v1"] == 1  # rebuilt every call
         row = mod.select_route(len(lens), sum(lens) // len(lens), False)
         bound = mod.ROUTE_INFO[row["route"]]["rel_l2_bound"]
         assert _route_error(reference, out, expected) <= bound, lens
 
 
-def test_a_ragged_plan_is_never_reused_for_uniform_lengths_of_the_same_total(loaded, make_input,
+def test_a_ragged_plan_is_never_reused_for_uniform_lengths_of_the_same_total(runner_aiter,
+                                                                           make_input,
                                                                            reference):
-    mod = loaded.module
+    mod = runner_aiter.module
     for lens in ((1100, 1300), (1200, 1200), (1300, 1100), (1200, 1200)):
-        data, expected = make_input(2, 0, kv_lens=lens)
-        out = mod.aiter_a8w8_persistent_route(*data, page_size=1, num_kv_splits=8)
-        assert reference.rel_l2_error(out, reference.ref_kernel_torch(data).double()) < 2e-3, lens
+        data, _ = make_input(2, 0, kv_lens=lens)
+        out = mod.aiter_a8w8_persistent_route(*data, page_size=1, num_kv_splits=8,
+                                              q_scale_mode="per_tensor")
+        assert _reference_error(reference, out, data) < 2e-3, lens
 
 
-def test_paged_route_refuses_ragged_lengths(loaded, make_input):
+def test_a_stale_plan_gives_wrong_numbers(runner_aiter, make_input, reference):
+    """The double computes from the plan it is given: a plan built for other lengths of the same
+    total reads the wrong rows for some batches."""
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    data, _ = make_input(2, 0, kv_lens=(1100, 1300))
+    stale, _ = make_input(2, 0, kv_lens=(1300, 1100))
+    fresh_args, _ = _persistent_call(mod, stale)
+    args, plan = _persistent_call(mod, data)  # ragged: the cached plan is refilled for `data`
+    args.update(qo_indptr=fresh_args["qo_indptr"], kv_indptr=fresh_args["kv_indptr"],
+                Q=fresh_args["Q"], q_scale=fresh_args["q_scale"], KV=fresh_args["KV"],
+                kv_scale=fresh_args["kv_scale"])
+    double.mla_decode_stage1_asm_fwd(**args)
+    double.mla_reduce_v1(plan.partial_output, plan.partial_lse, plan.reduce_indptr,
+                         plan.reduce_final_map, plan.reduce_partial_map, 1, args["output"])
+    assert _reference_error(reference, args["output"], stale) > 0.2
+
+
+def test_paged_route_refuses_ragged_lengths(runner_aiter, make_input):
     data, _ = make_input(4, 0, kv_lens=(64, 192, 128, 128))
     with pytest.raises(ValueError, match="page_size 2"):
-        loaded.module.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=4)
+        runner_aiter.module.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=4)
 
 
-def test_a_lying_config_gives_wrong_numbers_not_silence(loaded, make_input, reference):
+def test_a_lying_config_gives_wrong_numbers_not_silence(runner_aiter, make_input, reference):
     """The residual assumption made visible: ragged lengths whose total equals batch *
     config["kv_seq_len"] look uniform, the paged plan covers the wrong rows, and the double
     (like the kernel) returns wrong numbers. Honest configs (max length) never get here."""
     data, expected = make_input(4, 0, kv_lens=(64, 192, 128, 128))
     config = dict(data[4], kv_seq_len=128)  # 4 * 128 == total: declared uniform, wrongly
     lying = data[:4] + (config,)
-    out = loaded.module.aiter_a8w8_persistent_route(*lying, page_size=2, num_kv_splits=4)
+    out = runner_aiter.module.aiter_a8w8_persistent_route(*lying, page_size=2, num_kv_splits=4)
     assert reference.rel_l2_error(out, expected) > 0.2
 
 
@@ -275,31 +568,36 @@ def test_a_lying_config_gives_wrong_numbers_not_silence(loaded, make_input, refe
 def test_plain_cast_is_wrong_past_the_fp8_range_and_per_tensor_is_right(loaded, make_input,
                                                                        reference):
     """q scaled by 1000 (max|q| ~ 4000 > 448) with the KV scaled by 1/1000 (same scores): the
-    plain cast saturates q and the output is far off; the per-tensor scale stays within bound."""
+    plain cast saturates q or makes it NaN (torch builds differ) and the output is far off or
+    not finite; the per-tensor scale stays within bound."""
     mod = loaded.module
     data, _ = make_input(4, 128, seed=77)
     q = (data[0].float() * 1000).bfloat16()
     kv = (data[1]["bf16"].float() / 1000).bfloat16()
     scaled = (q, {"bf16": kv, "fp8": reference.quantize_fp8(kv)}) + data[2:]
     expected = reference.attention_float64(scaled)
-    assert q.abs().max().item() > 448
+    assert q.abs().max().item() > FP8_MAX_E4M3FN
     for route, params in (("aiter_fp8", {}),
                           ("aiter_a8w8_persistent", {"page_size": 2, "num_kv_splits": 4})):
         bound = mod.ROUTE_INFO[route]["rel_l2_bound"]
         right = mod.ROUTES[route](*scaled, q_scale_mode="per_tensor", **params)
         wrong = mod.ROUTES[route](*scaled, q_scale_mode="plain_cast", **params)
         assert reference.rel_l2_error(right, expected) <= bound
-        assert reference.rel_l2_error(wrong, expected) > 0.3
+        assert not reference.rel_l2_error(wrong, expected) <= 0.3  # NaN fails this too
     with pytest.raises(ValueError, match="q_scale_mode"):
         mod.aiter_fp8_route(*scaled, q_scale_mode="rounded")
 
 
-def test_per_tensor_q_matches_the_reference_quantiser(loaded, make_input, reference):
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 300.0])
+def test_per_tensor_q_matches_the_reference_quantiser(runner_aiter, make_input, reference,
+                                                      scale):
     data, _ = make_input(4, 64)
-    q_fp8, q_scale = loaded.module.quantize_q_fp8(data[0], torch.float8_e4m3fn, "per_tensor")
-    ref_fp8, ref_scale = reference.quantize_fp8(data[0], dtype=torch.float8_e4m3fn)
-    assert torch.equal(q_scale, ref_scale)
-    assert torch.equal(q_fp8.view(torch.uint8), ref_fp8.view(torch.uint8))
+    q = (data[0].float() * scale).bfloat16()
+    for dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        q_fp8, q_scale = runner_aiter.module.quantize_q_fp8(q, dtype, "per_tensor")
+        ref_fp8, ref_scale = reference.quantize_fp8(q, dtype=dtype)
+        assert torch.equal(q_scale, ref_scale)
+        assert torch.equal(q_fp8.view(torch.uint8), ref_fp8.view(torch.uint8))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,12 +607,13 @@ def test_per_tensor_q_matches_the_reference_quantiser(loaded, make_input, refere
 @pytest.mark.parametrize("route,params", [
     ("aiter_bf16", {}),
     ("aiter_fp8", {"q_scale_mode": "plain_cast"}),
+    ("aiter_a8w8_persistent", {"page_size": 1, "num_kv_splits": 4, "q_scale_mode": "plain_cast"}),
     ("aiter_a8w8_persistent", {"page_size": 2, "num_kv_splits": 4, "q_scale_mode": "plain_cast"}),
 ])
-def test_each_call_returns_a_fresh_output(loaded, route, params, make_input):
-    mod = loaded.module
-    first_data, _ = make_input(4, 128, seed=1)
-    second_data, _ = make_input(4, 128, seed=2)
+def test_each_call_returns_a_fresh_output(runner_aiter, route, params, make_input):
+    mod = runner_aiter.module
+    first_data, _ = make_input(4, 256, seed=1)
+    second_data, _ = make_input(4, 256, seed=2)
     first = mod.ROUTES[route](*first_data, **params)
     kept = first.clone()
     second = mod.ROUTES[route](*second_data, **params)
@@ -323,8 +622,8 @@ def test_each_call_returns_a_fresh_output(loaded, route, params, make_input):
     assert not torch.equal(first, second)
 
 
-def test_custom_kernel_outputs_are_fresh(loaded, make_input):
-    mod = loaded.module
+def test_custom_kernel_outputs_are_fresh(runner_aiter, make_input):
+    mod = runner_aiter.module
     first = mod.custom_kernel(make_input(32, 256, seed=1)[0])
     kept = first.clone()
     second = mod.custom_kernel(make_input(32, 256, seed=2)[0])

@@ -1,41 +1,88 @@
-"""The machinery of the aiter test double: contract checks, the work-plan format, the mathematics.
+"""The machinery of the aiter test double: contract checks, work plans, the mathematics.
 
-Everything runs with torch on the CPU, in float32 like the GPU kernels. The double is strict in two
-ways:
-- it CHECKS what the real library checks or silently relies on (argument kinds and count, dtypes,
-  shapes, buffers allocated as get_mla_metadata_info_v1 described them, scales for fp8 tensors)
-  and raises TypeError / ContractError;
+Everything runs with torch on the tensors' own device (the tests use the CPU), in float32 like the
+GPU kernels. The double is strict in two ways:
+- it CHECKS what the real library checks or silently relies on (argument kinds, dtypes, shapes,
+  buffers allocated as get_mla_metadata_info_v1 described them, scales for fp8 tensors on Q's
+  device, a contiguous Q, a plan reached through work_meta_data's pointers) and raises TypeError /
+  ContractError where aiter would raise, crash or read out of bounds;
 - it COMPUTES from what it is given, like the kernels: stage 1 follows the work plan written by
-  get_mla_metadata_v1 (page ranges, partial slots), the reduce follows the reduce maps. A caller
+  get_mla_metadata_v1 (page ranges, partial rows), the reduce follows the reduce maps. A caller
   that passes a stale plan, the wrong page maths or the wrong buffers gets wrong numbers.
 
-The plan format is the double's own (the real one is opaque to callers, too):
-- work_metadata (4,) int64: [PLAN_MAGIC, number of work items, page_size, kv_granularity];
-- work_indptr (NUM_CU + 1,) int32: the work items of each "CU";
-- work_info_set (max_works, 8) int32, one row per work item: [batch, partial slot (-1: writes the
-  final output directly), q_start, q_end, kv_page_start, kv_page_end (global positions in
-  kv_page_indices), split index, 0];
-- reduce_indptr (rows + 1,), reduce_final_map (rows, 2) = (q_start, q_end), reduce_partial_map
-  (max_works,) = partial slots, -1 where unused. Batches with one split have an empty reduce range.
+Sizes are those of the runner: NUM_CU is the MI355X's 256 compute units, which aiter's
+get_mla_metadata_info_v1 sizes the plan buffers by and the plans split the KV over.
+
+The plan format follows aiter's fields (aiter documents them; their packing is the double's own):
+- work_metadata (2,) uint64: the addresses of work_indptr and work_info_set. The persistent
+  kernel finds the plan through these pointers, not through its work_indptr / work_info_set
+  arguments, so stage 1 refuses a work_meta_data that points elsewhere (the kernel would read
+  another plan, or garbage);
+- work_indptr (NUM_CU + 1,) int32: the work items of each CU;
+- work_info_set (rows, 8) int32, one row per work item: [batch, partial row (-1: the item writes
+  the final output itself), q_start, q_end, kv_start, kv_end (positions in kv_page_indices, in
+  pages), kv_offset (pages after kv_end in the batch), 0];
+- reduce_indptr (tiles + 1,), reduce_final_map (tiles, 2) = (q_start, q_end) per output tile,
+  reduce_partial_map: partial rows. A tile whose range holds at most one entry is skipped by the
+  reduce, as aiter's reduce does: stage 1 wrote that output itself.
+
+Two ways of planning, as aiter at f3be04a12 (csrc/kernels/mla/metadata.cu) picks them:
+- fast_mode=True ("v1_2"): the KV of all batches, in granules of kv_granularity pages, cut into
+  min(NUM_CU, max_split_per_batch * batch) near-equal pieces, one per CU, split again at batch
+  ends; at most batch + NUM_CU - 1 work items;
+- fast_mode=False, intra_batch_mode=True ("v1_0", the runner's reference): each batch on its own
+  into min(length // 196, ceil(NUM_CU / batch), max_split_per_batch) pieces (gfx950's rule). A
+  batch shorter than 196 gets 0 pieces, and aiter divides by zero: the double refuses it.
+
+Page mode (AITER_DOUBLE_PAGE_MODE, or set_page_mode): "exact" (default) reads every row of every
+page. "first_token" behaves like the suspected fp8 persistent kernel for q length 1 (runner.md
+section 5): with page_size > 1 it reads only the first row of each page.
 """
 import collections
+import itertools
 import math
+import os
 
 import torch
 
 CALLS = collections.Counter()  # calls per API function (tests read it to prove plan reuse)
 LOG = []  # (function, dict of facts) per call: page sizes, split counts, generations
-NUM_CU = 8
-PLAN_MAGIC = 0x6D6C6131
+NUM_CU = 256  # the MI355X (gfx950)
 WORK_FIELDS = 8
 NUM_HEADS = 16
 QK_HEAD_DIM = 576
 V_HEAD_DIM = 512
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+INTRA_BATCH_ROWS_PER_SPLIT = 196  # gfx950's v1_0 plan: at most length // 196 splits per batch
+PAGE_MODES = ("exact", "first_token")
 
 
 class ContractError(RuntimeError):
     """A call the real aiter would reject (or crash on / read out of bounds with)."""
+
+
+def _page_mode_from_environment():
+    mode = os.environ.get("AITER_DOUBLE_PAGE_MODE") or "exact"
+    if mode not in PAGE_MODES:
+        raise ImportError(f"aiter double: AITER_DOUBLE_PAGE_MODE must be one of {PAGE_MODES}, "
+                          f"got {mode!r}")
+    return mode
+
+
+_page_mode = _page_mode_from_environment()
+
+
+def set_page_mode(mode):
+    """"exact" or "first_token" (see the module docstring); returns the previous mode."""
+    global _page_mode
+    if mode not in PAGE_MODES:
+        raise ValueError(f"page mode must be one of {PAGE_MODES}, got {mode!r}")
+    previous, _page_mode = _page_mode, mode
+    return previous
+
+
+def page_mode():
+    return _page_mode
 
 
 def reset():
@@ -46,6 +93,10 @@ def reset():
 def expect(condition, message):
     if not condition:
         raise ContractError(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks
 
 
 def need_tensor(fn, name, x, dtype=None, shape=None, ndim=None, optional=False):
@@ -84,14 +135,23 @@ def need_bool(fn, name, value):
         raise TypeError(f"{fn}: '{name}' expects bool, got {type(value).__name__}")
 
 
-def need_scale(fn, name, scale, data_name, data):
-    """fp8 data needs a float32 per-tensor scale of one element; bf16 data takes none."""
+def need_power_of_two(fn, name, value):
+    need_int(fn, name, value, 1)
+    expect(value & (value - 1) == 0, f"{fn}: {name} must be a power of 2, got {value}")
+
+
+def need_scale(fn, name, scale, data_name, data, device):
+    """fp8 data needs a float32 per-tensor scale of one element on the kernel's device (the
+    kernel reads it through its address); bf16 data takes none."""
     if data.dtype in FP8_DTYPES:
         expect(scale is not None, f"{fn}: fp8 '{data_name}' needs '{name}' (float32, 1 element)")
         need_tensor(fn, name, scale, dtype=torch.float32)
         expect(scale.numel() == 1, f"{fn}: '{name}' must hold 1 element, has {scale.numel()}")
-    else:
-        need_tensor(fn, name, scale, optional=True)
+    elif not need_tensor(fn, name, scale, optional=True):
+        return
+    expect(scale.device == device,
+           f"{fn}: '{name}' is on {scale.device} but Q is on {device}: the kernel would read a "
+           "foreign address")
 
 
 def dequantize(data, scale):
@@ -100,10 +160,12 @@ def dequantize(data, scale):
 
 
 def check_q_kv(fn, q, kv, page_size, nhead_kv):
-    """q (total_q, 16, 576) fp8|bf16; kv (num_pages, page_size, nhead_kv, 576) of the same dtype."""
+    """q (total_q, 16, 576) fp8|bf16, contiguous; kv (num_pages, page_size, nhead_kv, 576) of the
+    same dtype."""
     need_tensor(fn, "Q", q, dtype=FP8_DTYPES + (torch.bfloat16,), ndim=3)
     expect(tuple(q.shape[1:]) == (NUM_HEADS, QK_HEAD_DIM),
            f"{fn}: 'Q' has shape {tuple(q.shape)}, expected (total_q, {NUM_HEADS}, {QK_HEAD_DIM})")
+    expect(q.is_contiguous(), f"{fn}: only support Q.is_contiguous() (aiter's own check)")
     need_tensor(fn, "KV", kv, ndim=4)
     expect(kv.dtype == q.dtype,
            f"{fn}: Q is {q.dtype} but KV is {kv.dtype} (the double models a8w8 and a16w16 only)")
@@ -117,11 +179,14 @@ def check_q_kv(fn, q, kv, page_size, nhead_kv):
 
 def check_page_table(fn, batch, kv_indptr, kv_page_indices, kv_last_page_lens, num_pages,
                      page_size):
+    """Returns (page indptr list, last-page lengths list or None). With page_size 1 every page
+    is one row whatever kv_last_page_lens holds (the runner's reference passes the batch lengths
+    there), so the lengths are read only for page_size > 1."""
     need_tensor(fn, "kv_indptr", kv_indptr, dtype=torch.int32, shape=(batch + 1,))
     need_tensor(fn, "kv_page_indices", kv_page_indices, dtype=torch.int32, ndim=1)
     need_tensor(fn, "kv_last_page_lens", kv_last_page_lens, dtype=torch.int32, shape=(batch,))
     pages = kv_indptr.tolist()
-    expect(pages[0] == 0 and all(a <= b for a, b in zip(pages, pages[1:])),
+    expect(pages[0] == 0 and all(a <= b for a, b in itertools.pairwise(pages)),
            f"{fn}: kv_indptr is not a prefix sum starting at 0")
     expect(pages[-1] <= kv_page_indices.numel(),
            f"{fn}: kv_indptr[-1] = {pages[-1]} pages but kv_page_indices holds "
@@ -129,6 +194,8 @@ def check_page_table(fn, batch, kv_indptr, kv_page_indices, kv_last_page_lens, n
     if kv_page_indices.numel():
         expect(0 <= int(kv_page_indices.min()) and int(kv_page_indices.max()) < num_pages,
                f"{fn}: kv_page_indices outside [0, {num_pages}): reads outside the KV buffer")
+    if page_size == 1:
+        return pages, None
     last = kv_last_page_lens.tolist()
     expect(all(1 <= n <= page_size for n in last),
            f"{fn}: kv_last_page_lens must lie in [1, page_size={page_size}], "
@@ -136,11 +203,13 @@ def check_page_table(fn, batch, kv_indptr, kv_page_indices, kv_last_page_lens, n
     return pages, last
 
 
-def token_rows(kv_page_indices, page_start, page_end, page_size, last_page_len):
+def token_rows(kv_page_indices, page_start, page_end, page_size, last_page_len, first_only=False):
     """KV rows (page * page_size + slot) of pages [page_start, page_end) of kv_page_indices; the
-    last page keeps only last_page_len rows (None: all full)."""
+    last page keeps only last_page_len rows (None: all full). first_only: slot 0 of each page."""
     pages = kv_page_indices[page_start:page_end].long()
-    rows = (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)
+    if first_only:
+        return pages * page_size
+    rows = (pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).reshape(-1)
     if last_page_len is not None and rows.numel():
         rows = rows[: rows.numel() - (page_size - last_page_len)]
     return rows
@@ -162,34 +231,128 @@ def combine(outs, lses):
 
 
 # ---------------------------------------------------------------------------------------------
-# Work plan
+# Work plans
 
 
 def metadata_info(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
-                  fast_mode=True, num_kv_splits=32, intra_batch_mode=False):
+                  fast_mode=True, num_kv_splits=32, intra_batch_mode=False,
+                  max_split_per_batch=-1):
+    """aiter's sizes, as aiter computes them: a tuple of six (shape, dtype) pairs whose shapes
+    are python ints or tuples of them, in the order work_metadata, work_indptr, work_info_set,
+    reduce_indptr, reduce_final_map, reduce_partial_map."""
     fn = "get_mla_metadata_info_v1"
     CALLS[fn] += 1
     need_int(fn, "batch_size", batch_size, 1)
     need_int(fn, "max_seqlen_qo", max_seqlen_qo, 1)
     need_int(fn, "num_head_qo", num_head_qo, 1)
-    need_int(fn, "num_kv_splits", num_kv_splits, 1)
+    need_int(fn, "num_kv_splits", num_kv_splits)
+    need_int(fn, "max_split_per_batch", max_split_per_batch)
     expect(max_seqlen_qo == 1, f"{fn}: the double models decode (max_seqlen_qo 1) only")
     expect(num_head_qo == NUM_HEADS, f"{fn}: num_head_qo = {num_head_qo}, expected {NUM_HEADS}")
     for name, dtype in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
         expect(isinstance(dtype, torch.dtype),
                f"{fn}: '{name}' expects a torch.dtype, got {dtype!r}")
-    need_bool(fn, "is_sparse", is_sparse)
-    expect(not is_sparse and not intra_batch_mode, f"{fn}: sparse / intra-batch not modelled")
-    rows = batch_size * max_seqlen_qo
-    max_works = rows * num_kv_splits
-    return [
-        ((4,), torch.int64),  # work_metadata
-        ((NUM_CU + 1,), torch.int32),  # work_indptr
-        ((max_works, WORK_FIELDS), torch.int32),  # work_info_set
-        ((rows + 1,), torch.int32),  # reduce_indptr
-        ((rows, 2), torch.int32),  # reduce_final_map
-        ((max_works,), torch.int32),  # reduce_partial_map
-    ]
+    for name, value in (("is_sparse", is_sparse), ("fast_mode", fast_mode),
+                        ("intra_batch_mode", intra_batch_mode)):
+        need_bool(fn, name, value)
+    expect(not is_sparse, f"{fn}: sparse attention is not modelled")
+    tiles_per_batch = math.ceil(max_seqlen_qo * num_head_qo / 128)  # aiter's rule for 16 heads
+    tile_cnt = batch_size * tiles_per_batch
+    if fast_mode:
+        max_work = (batch_size + NUM_CU - 1) * tiles_per_batch
+        max_split_tiles = min(batch_size + NUM_CU - 1, (NUM_CU - 1) * 2) * tiles_per_batch
+    else:
+        max_work = max_split_tiles = tile_cnt * NUM_CU
+    if max_split_per_batch > 0:  # passed only by the generations that take it
+        max_split_tiles = max(max_split_tiles,
+                              tile_cnt * min(NUM_CU, max_split_per_batch * batch_size))
+    if intra_batch_mode:
+        expect(num_kv_splits >= 1, f"{fn}: intra-batch mode needs num_kv_splits >= 1")
+        max_work = max_split_tiles = tile_cnt * num_kv_splits
+    return (
+        (2, torch.uint64),
+        (NUM_CU + 1, torch.int32),
+        ((max_work, WORK_FIELDS), torch.int32),
+        (tile_cnt + 1, torch.int32),
+        ((tile_cnt, 2), torch.int32),
+        (max_split_tiles, torch.int32),
+    )
+
+
+def _kv_lengths(fn, kv):
+    lengths = [b - a for a, b in itertools.pairwise(kv)]
+    expect(kv[0] == 0 and all(n >= 1 for n in lengths),
+           f"{fn}: every batch needs KV (seqlens_kv_indptr {kv[:9]}...)")
+    return lengths
+
+
+def balanced_plan(fn, qo, kv, granularity, max_split):
+    """fast_mode: (work items, work_indptr, reduce ranges). Pieces of ~payload granules per CU,
+    cut again at batch ends; a batch cut into several pieces gets partial rows."""
+    lengths = _kv_lengths(fn, kv)
+    num_splits = NUM_CU if max_split < 0 else min(NUM_CU, max_split * len(lengths))
+    expect(num_splits >= 1, f"{fn}: max_split_per_batch = {max_split}")
+    granules = [-(-n // granularity) for n in lengths]
+    payload = -(-sum(granules) // num_splits)
+    pieces, cu, room = [], 0, payload  # (cu, batch, kv_start, kv_end)
+    for b, count in enumerate(granules):
+        done = 0
+        while done < count:
+            take = min(room, count - done)
+            start = kv[b] + done * granularity
+            pieces.append((cu, b, start, min(start + take * granularity, kv[b + 1])))
+            done, room = done + take, room - take
+            if room == 0:
+                cu, room = cu + 1, payload
+    per_batch = collections.Counter(b for _, b, _, _ in pieces)
+    items, reduce_rows, next_row = [], [[] for _ in lengths], 0
+    for _, b, start, end in pieces:
+        row = -1
+        if per_batch[b] > 1:
+            row, next_row = next_row, next_row + (qo[b + 1] - qo[b])
+            reduce_rows[b].append(row)
+        items.append([b, row, qo[b], qo[b + 1], start, end, kv[b + 1] - end, 0])
+    work_indptr = [sum(1 for c, _, _, _ in pieces if c < limit) for limit in range(NUM_CU + 1)]
+    return items, work_indptr, reduce_rows
+
+
+def intra_batch_plan(fn, kv, granularity, max_split, uni_seqlen_qo):
+    """intra_batch_mode (fast_mode False): aiter's v1_0 rule, each batch on its own (see the
+    module docstring). Returns (work items, work_indptr, reduce ranges); every item has a
+    reduce_partial_map entry, -1 for a batch of one piece."""
+    lengths = _kv_lengths(fn, kv)
+    expect(uni_seqlen_qo >= 1, f"{fn}: intra-batch mode places q rows by uni_seqlen_qo, got "
+                               f"{uni_seqlen_qo}")
+    expect(max_split >= 1, f"{fn}: intra-batch mode needs max_split_per_batch >= 1, got "
+                           f"{max_split}")
+    per_cu = -(-NUM_CU // len(lengths))
+    items, reduce_rows = [], []
+    for b, n in enumerate(lengths):
+        splits = min(n // INTRA_BATCH_ROWS_PER_SPLIT, per_cu, max_split)
+        expect(splits >= 1, f"{fn}: batch {b} holds {n} KV entries: aiter's intra-batch plan "
+                            f"(gfx950) gives it {n} // {INTRA_BATCH_ROWS_PER_SPLIT} = 0 splits "
+                            "and divides by zero")
+        blocks = -(-n // granularity)
+        payload = -(-blocks // splits)
+        pieces = -(-blocks // payload)
+        tail = n % (payload * granularity)
+        if 0 < tail <= 4 and pieces > 1:
+            pieces -= 1  # aiter folds a tail of at most 4 entries into the last piece
+        q_start = b * uni_seqlen_qo
+        rows = []
+        for piece in range(pieces):
+            row = -1 if pieces == 1 else len(items) * uni_seqlen_qo
+            start = kv[b] + piece * payload * granularity
+            end = min(start + payload * granularity, kv[b + 1])
+            if kv[b + 1] - end <= 4 and pieces > 1:
+                end = kv[b + 1]
+            items.append([b, row, q_start, q_start + uni_seqlen_qo, start, end, kv[b + 1] - end,
+                          0])
+            rows.append(row)
+        reduce_rows.append(rows)
+    per, extra = divmod(len(items), NUM_CU)
+    work_indptr = [c * per + min(c, extra) for c in range(NUM_CU + 1)]
+    return items, work_indptr, reduce_rows
 
 
 def metadata_fill(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
@@ -197,104 +360,122 @@ def metadata_fill(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_h
                   reduce_indptr, reduce_final_map, reduce_partial_map, page_size=1,
                   kv_granularity=16, max_seqlen_qo=-1, uni_seqlen_qo=-1, fast_mode=True, topk=-1,
                   max_split_per_batch=-1, intra_batch_mode=False, dtype_q=None, dtype_kv=None):
+    """get_mla_metadata_v1: fills the six buffers in place. seqlens_kv_indptr counts pages and
+    kv_granularity is in pages, as in aiter."""
     fn = "get_mla_metadata_v1"
     CALLS[fn] += 1
     need_tensor(fn, "seqlens_qo_indptr", seqlens_qo_indptr, dtype=torch.int32, ndim=1)
     batch = seqlens_qo_indptr.shape[0] - 1
     expect(batch >= 1, f"{fn}: empty batch")
-    need_int(fn, "page_size", page_size, 1)
-    need_int(fn, "kv_granularity", kv_granularity, 1)
-    expect(kv_granularity % page_size == 0,
-           f"{fn}: kv_granularity {kv_granularity} is not a multiple of page_size {page_size}")
+    need_power_of_two(fn, "page_size", page_size)
+    need_power_of_two(fn, "kv_granularity", kv_granularity)
     need_int(fn, "num_heads_per_head_k", num_heads_per_head_k)
     need_int(fn, "num_heads_k", num_heads_k)
     expect(num_heads_per_head_k == NUM_HEADS and num_heads_k == 1,
            f"{fn}: {num_heads_per_head_k} heads per kv head x {num_heads_k} kv heads, "
            "expected 16 x 1")
-    need_bool(fn, "is_causal", is_causal)
-    need_int(fn, "max_seqlen_qo", max_seqlen_qo)
-    need_int(fn, "uni_seqlen_qo", uni_seqlen_qo)
+    for name, value in (("is_causal", is_causal), ("fast_mode", fast_mode),
+                        ("intra_batch_mode", intra_batch_mode)):
+        need_bool(fn, name, value)
+    for name, value in (("max_seqlen_qo", max_seqlen_qo), ("uni_seqlen_qo", uni_seqlen_qo),
+                        ("topk", topk), ("max_split_per_batch", max_split_per_batch)):
+        need_int(fn, name, value)
     max_q = 1 if max_seqlen_qo == -1 else max_seqlen_qo
     expect(max_q == 1, f"{fn}: the double models decode (max_seqlen_qo 1) only")
-    expect(topk == -1 and not intra_batch_mode, f"{fn}: sparse / intra-batch not modelled")
+    expect(topk == -1, f"{fn}: sparse attention (topk) is not modelled")
     for name, dtype in (("dtype_q", dtype_q), ("dtype_kv", dtype_kv)):
         expect(dtype is None or isinstance(dtype, torch.dtype), f"{fn}: '{name}' = {dtype!r}")
 
-    # The six buffers must be exactly what get_mla_metadata_info_v1 described for this batch.
-    rows = batch * max_q
+    # The six buffers must be what get_mla_metadata_info_v1 described for this batch.
+    need_tensor(fn, "work_metadata_ptrs", work_metadata_ptrs, dtype=torch.uint64, shape=(2,))
     need_tensor(fn, "work_info_set", work_info_set, dtype=torch.int32, ndim=2)
-    max_works = work_info_set.shape[0]
-    expect(work_info_set.shape[1] == WORK_FIELDS and max_works % rows == 0 and max_works >= rows,
-           f"{fn}: 'work_info_set' {tuple(work_info_set.shape)} is not the info_v1 buffer for "
-           f"batch {batch} (argument order: work_info_set BEFORE work_indptr)")
-    capacity = max_works // rows  # the num_kv_splits get_mla_metadata_info_v1 was given
-    need_tensor(fn, "work_metadata_ptrs", work_metadata_ptrs, dtype=torch.int64, shape=(4,))
+    expect(work_info_set.shape[1] == WORK_FIELDS,
+           f"{fn}: 'work_info_set' {tuple(work_info_set.shape)} is not the info_v1 buffer "
+           "(argument order: work_info_set BEFORE work_indptr)")
     need_tensor(fn, "work_indptr", work_indptr, dtype=torch.int32, shape=(NUM_CU + 1,))
+    rows = batch * max_q
     need_tensor(fn, "reduce_indptr", reduce_indptr, dtype=torch.int32, shape=(rows + 1,))
     need_tensor(fn, "reduce_final_map", reduce_final_map, dtype=torch.int32, shape=(rows, 2))
-    need_tensor(fn, "reduce_partial_map", reduce_partial_map, dtype=torch.int32, shape=(max_works,))
-    need_int(fn, "max_split_per_batch", max_split_per_batch)
-    max_split = capacity if max_split_per_batch == -1 else max_split_per_batch
-    expect(1 <= max_split <= capacity,
-           f"{fn}: max_split_per_batch {max_split_per_batch} but the buffers hold "
-           f"{capacity} splits")
-
-    need_tensor(fn, "seqlens_kv_indptr", seqlens_kv_indptr, dtype=torch.int32, shape=(batch + 1,))
-    need_tensor(fn, "kv_last_page_lens", kv_last_page_lens, dtype=torch.int32, shape=(batch,))
+    need_tensor(fn, "reduce_partial_map", reduce_partial_map, dtype=torch.int32, ndim=1)
+    for name, x in (("seqlens_qo_indptr", seqlens_qo_indptr),
+                    ("seqlens_kv_indptr", seqlens_kv_indptr),
+                    ("kv_last_page_lens", kv_last_page_lens)):
+        need_tensor(fn, name, x, dtype=torch.int32, ndim=1)
+        expect(x.stride(0) == 1, f"{fn}: {name} should be continuous (aiter's own check)")
+    need_tensor(fn, "seqlens_kv_indptr", seqlens_kv_indptr, shape=(batch + 1,))
+    need_tensor(fn, "kv_last_page_lens", kv_last_page_lens, shape=(batch,))
     qo = seqlens_qo_indptr.tolist()
     kv = seqlens_kv_indptr.tolist()
-    last = kv_last_page_lens.tolist()
-    expect(qo[0] == 0 and kv[0] == 0, f"{fn}: indptrs must start at 0")
-    gran_pages = kv_granularity // page_size
-
-    items, partial_slots, reduce_ptr, final_rows = [], [], [0], []
+    expect(qo[0] == 0, f"{fn}: seqlens_qo_indptr must start at 0")
     for b in range(batch):
-        q_start, q_end = qo[b], qo[b + 1]
-        expect(q_end - q_start == max_q, f"{fn}: batch {b} has {q_end - q_start} query rows")
-        page_start, page_end = kv[b], kv[b + 1]
-        num_pages = page_end - page_start
-        expect(num_pages >= 1, f"{fn}: batch {b} has no KV pages")
-        expect(1 <= last[b] <= page_size, f"{fn}: kv_last_page_lens[{b}] = {last[b]}")
-        granules = -(-num_pages // gran_pages)
-        splits = min(max_split, granules)
-        bounds = [page_start + min(num_pages, (i * granules // splits) * gran_pages)
-                  for i in range(splits)] + [page_end]
-        for i in range(splits):
-            slot = -1
-            if splits > 1:
-                slot = len(partial_slots)
-                partial_slots.append(slot)
-            items.append([b, slot, q_start, q_end, bounds[i], bounds[i + 1], i, 0])
-        reduce_ptr.append(len(partial_slots))
-        final_rows.append([q_start, q_end])
-    expect(len(items) <= max_works, f"{fn}: {len(items)} work items overflow {max_works}")
+        expect(qo[b + 1] - qo[b] == max_q, f"{fn}: batch {b} has {qo[b + 1] - qo[b]} query rows")
 
+    if fast_mode:
+        items, cu_indptr, reduce_rows = balanced_plan(fn, qo, kv, kv_granularity,
+                                                      max_split_per_batch)
+        partial_entries = [row for rows_b in reduce_rows for row in rows_b]
+    elif intra_batch_mode:
+        items, cu_indptr, reduce_rows = intra_batch_plan(fn, kv, kv_granularity,
+                                                         max_split_per_batch, uni_seqlen_qo)
+        partial_entries = [item[1] for item in items]
+    else:
+        raise NotImplementedError(f"{fn}: fast_mode=False without intra_batch_mode (aiter's "
+                                  "v1_1 plan) is not modelled")
+    expect(len(items) <= work_info_set.shape[0],
+           f"{fn}: {len(items)} work items overflow work_info_set ({work_info_set.shape[0]} rows)")
+    expect(len(partial_entries) <= reduce_partial_map.shape[0],
+           f"{fn}: {len(partial_entries)} partial entries overflow reduce_partial_map "
+           f"({reduce_partial_map.shape[0]})")
+
+    device = work_info_set.device
     work_info_set.fill_(-1)
-    work_info_set[: len(items)] = torch.tensor(items, dtype=torch.int32)
-    work_indptr.copy_(torch.tensor([c * len(items) // NUM_CU for c in range(NUM_CU + 1)],
-                                   dtype=torch.int32))
-    reduce_indptr.copy_(torch.tensor(reduce_ptr, dtype=torch.int32))
-    reduce_final_map.copy_(torch.tensor(final_rows, dtype=torch.int32))
+    work_info_set[: len(items)] = torch.tensor(items, dtype=torch.int32, device=device)
+    work_indptr.copy_(torch.tensor(cu_indptr, dtype=torch.int32))
+    ends = [0]
+    for rows_b in reduce_rows:
+        ends.append(ends[-1] + len(rows_b))
+    reduce_indptr.copy_(torch.tensor(ends, dtype=torch.int32))
+    reduce_final_map.copy_(torch.tensor([[qo[b], qo[b + 1]] for b in range(batch)],
+                                        dtype=torch.int32))
     reduce_partial_map.fill_(-1)
-    if partial_slots:
-        reduce_partial_map[: len(partial_slots)] = torch.tensor(partial_slots, dtype=torch.int32)
-    work_metadata_ptrs.copy_(torch.tensor([PLAN_MAGIC, len(items), page_size, kv_granularity]))
-    LOG.append((fn, {"page_size": page_size, "batch": batch, "max_split": max_split,
-                     "items": len(items)}))
+    if partial_entries:
+        reduce_partial_map[: len(partial_entries)] = torch.tensor(partial_entries,
+                                                                  dtype=torch.int32)
+    work_metadata_ptrs.copy_(torch.tensor([work_indptr.data_ptr(), work_info_set.data_ptr()],
+                                          dtype=torch.uint64))
+    LOG.append((fn, {"page_size": page_size, "batch": batch, "max_split": max_split_per_batch,
+                     "items": len(items), "fast_mode": fast_mode,
+                     "intra_batch_mode": intra_batch_mode, "is_causal": is_causal}))
 
 
 # ---------------------------------------------------------------------------------------------
 # Persistent stage 1 and the reduce
 
 
+def _plan_of(fn, work_meta_data, work_indptr, work_info_set):
+    """The plan the kernel reads: through work_meta_data's two pointers."""
+    need_tensor(fn, "work_meta_data", work_meta_data, dtype=torch.uint64, shape=(2,))
+    need_tensor(fn, "work_indptr", work_indptr, dtype=torch.int32, shape=(NUM_CU + 1,))
+    need_tensor(fn, "work_info_set", work_info_set, dtype=torch.int32, ndim=2)
+    expect(work_info_set.shape[1] == WORK_FIELDS, f"{fn}: 'work_info_set' is not a plan buffer")
+    expect(work_meta_data.tolist() == [work_indptr.data_ptr(), work_info_set.data_ptr()],
+           f"{fn}: work_meta_data does not point at these work_indptr / work_info_set (never "
+           "filled by get_mla_metadata_v1 for them): the kernel would read another plan")
+    bounds = work_indptr.tolist()
+    expect(bounds[0] == 0 and bounds == sorted(bounds) and bounds[-1] <= work_info_set.shape[0],
+           f"{fn}: work_indptr is not a plan over work_info_set")
+    return work_info_set.tolist()[: bounds[-1]]
+
+
 def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_kv_splits_indptr,
            work_meta_data, work_indptr, work_info_set, max_seqlen_q, page_size, nhead_kv,
-           softmax_scale, splitData, splitLse, output, lse, q_scale, kv_scale, generation):
+           softmax_scale, splitData, splitLse, output, lse=None, q_scale=None, kv_scale=None):
+    """mla_decode_stage1_asm_fwd in persistent mode (aiter's: no num_kv_splits_indptr)."""
     fn = "mla_decode_stage1_asm_fwd"
     CALLS[fn] += 1
     check_q_kv(fn, Q, KV, page_size, nhead_kv)
-    need_scale(fn, "q_scale", q_scale, "Q", Q)
-    need_scale(fn, "kv_scale", kv_scale, "KV", KV)
+    need_scale(fn, "q_scale", q_scale, "Q", Q, Q.device)
+    need_scale(fn, "kv_scale", kv_scale, "KV", KV, Q.device)
     need_int(fn, "max_seqlen_q", max_seqlen_q, 1)
     expect(max_seqlen_q == 1, f"{fn}: the double models decode (max_seqlen_q 1) only")
     need_float(fn, "softmax_scale", softmax_scale)
@@ -302,92 +483,101 @@ def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_
     batch = qo_indptr.shape[0] - 1
     pages, last = check_page_table(fn, batch, kv_indptr, kv_page_indices, kv_last_page_lens,
                                    KV.shape[0], page_size)
-    need_tensor(fn, "num_kv_splits_indptr", num_kv_splits_indptr, dtype=torch.int32, optional=True)
     if work_meta_data is None:
-        raise NotImplementedError(f"{fn}: the double models the persistent mode (work plan) only")
-    need_tensor(fn, "work_meta_data", work_meta_data, dtype=torch.int64, shape=(4,))
-    need_tensor(fn, "work_indptr", work_indptr, dtype=torch.int32, shape=(NUM_CU + 1,))
-    need_tensor(fn, "work_info_set", work_info_set, dtype=torch.int32, ndim=2)
-    expect(work_info_set.shape[1] == WORK_FIELDS, f"{fn}: 'work_info_set' is not a plan buffer")
-    meta = work_meta_data.tolist()
-    expect(meta[0] == PLAN_MAGIC, f"{fn}: work_meta_data was never filled by get_mla_metadata_v1")
-    partials = work_info_set.shape[0] * max_seqlen_q  # = reduce_partial_map.size(0) * max_seqlen_q
-    need_tensor(fn, "splitData", splitData, dtype=torch.float32,
-                shape=(partials, 1, NUM_HEADS, V_HEAD_DIM))
-    need_tensor(fn, "splitLse", splitLse, dtype=torch.float32, shape=(partials, 1, NUM_HEADS, 1))
+        raise NotImplementedError(f"{fn}: the double models the persistent mode (work plan) "
+                                  "only; mla_decode_fwd models the non-persistent one")
+    need_tensor(fn, "num_kv_splits_indptr", num_kv_splits_indptr, dtype=torch.int32, optional=True)
+    expect(num_kv_splits_indptr is None,
+           f"{fn}: num_kv_splits_indptr together with a work plan: aiter then runs the "
+           "NON-persistent kernel and ignores the plan")
+    items = _plan_of(fn, work_meta_data, work_indptr, work_info_set)
     total_q = Q.shape[0]
     need_tensor(fn, "output", output, dtype=torch.bfloat16, shape=(total_q, NUM_HEADS, V_HEAD_DIM))
-    if generation == "2026-03":
-        expect(lse is None, "internal: the 2026-03 stage 1 has no lse")
-    else:
-        need_tensor(fn, "lse", lse, dtype=torch.float32, shape=(total_q, NUM_HEADS), optional=True)
-    LOG.append((fn, {"page_size": page_size, "batch": batch, "generation": generation}))
+    need_tensor(fn, "splitData", splitData, dtype=torch.float32, ndim=4)
+    partial_rows = splitData.shape[0]
+    need_tensor(fn, "splitData", splitData, shape=(partial_rows, 1, NUM_HEADS, V_HEAD_DIM))
+    need_tensor(fn, "splitLse", splitLse, dtype=torch.float32,
+                shape=(partial_rows, 1, NUM_HEADS, 1))
+    need_tensor(fn, "lse", lse, dtype=torch.float32, shape=(total_q, NUM_HEADS), optional=True)
+    first_only = (_page_mode == "first_token" and page_size > 1 and Q.dtype in FP8_DTYPES
+                  and max_seqlen_q == 1)
+    LOG.append((fn, {"page_size": page_size, "batch": batch, "items": len(items),
+                     "first_token": first_only}))
 
     q = dequantize(Q, q_scale)
     kv_rows = dequantize(KV, kv_scale).reshape(-1, QK_HEAD_DIM)
-    info = work_info_set.tolist()
-    bounds = work_indptr.tolist()
-    for cu in range(NUM_CU):
-        for w in range(bounds[cu], bounds[cu + 1]):
-            b, slot, q_start, q_end, page_start, page_end = info[w][:6]
-            # the batch's last page (as THIS call's page table says) holds last[b] rows
-            tail = last[b] if page_end == pages[b + 1] else None
-            rows = token_rows(kv_page_indices, page_start, page_end, page_size, tail)
-            out, row_lse = attend(q[q_start:q_end].reshape(-1, QK_HEAD_DIM), kv_rows[rows],
-                                  softmax_scale)
-            if slot < 0:
-                rows_out = out.reshape(q_end - q_start, NUM_HEADS, V_HEAD_DIM)
-                output[q_start:q_end] = rows_out.to(output.dtype)
-                if lse is not None:
-                    lse[q_start:q_end] = row_lse.reshape(q_end - q_start, NUM_HEADS)
-            else:
-                splitData[slot * max_seqlen_q, 0] = out
-                splitLse[slot * max_seqlen_q, 0, :, 0] = row_lse
+    for b, row, q_start, q_end, page_start, page_end in (item[:6] for item in items):
+        expect(0 <= b < batch and 0 <= q_start < q_end <= total_q,
+               f"{fn}: a work item names batch {b}, q rows [{q_start}, {q_end}): a stale plan")
+        expect(0 <= page_start <= page_end <= kv_page_indices.numel(),
+               f"{fn}: a work item reads pages [{page_start}, {page_end}) of "
+               f"{kv_page_indices.numel()}: a stale plan")
+        # the batch's last page (as THIS call's page table says) holds last[b] rows
+        tail = last[b] if last is not None and page_end == pages[b + 1] else None
+        rows = token_rows(kv_page_indices, page_start, page_end, page_size, tail, first_only)
+        out, row_lse = attend(q[q_start:q_end].reshape(-1, QK_HEAD_DIM), kv_rows[rows],
+                              softmax_scale)
+        count = q_end - q_start
+        if row < 0:
+            output[q_start:q_end] = out.reshape(count, NUM_HEADS, V_HEAD_DIM).to(output.dtype)
+            if lse is not None:
+                lse[q_start:q_end] = row_lse.reshape(count, NUM_HEADS)
+        else:
+            expect(row + count <= partial_rows,
+                   f"{fn}: partial row {row} outside splitData ({partial_rows} rows): size it "
+                   "reduce_partial_map.size(0) * max_seqlen_q")
+            splitData[row:row + count, 0] = out.reshape(count, NUM_HEADS, V_HEAD_DIM)
+            splitLse[row:row + count, 0, :, 0] = row_lse.reshape(count, NUM_HEADS)
 
 
 def reduce(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
-           max_seqlen_q, num_kv_splits, final_output, final_lse, generation):
+           max_seqlen_q, final_output, final_lse=None, num_kv_splits=None):
+    """mla_reduce_v1: merges each output tile's partial rows (tiles of one entry are skipped)."""
     fn = "mla_reduce_v1"
     CALLS[fn] += 1
     need_tensor(fn, "partial_output", partial_output, dtype=torch.float32, ndim=4)
+    partial_rows = partial_output.shape[0]
+    need_tensor(fn, "partial_output", partial_output,
+                shape=(partial_rows, 1, NUM_HEADS, V_HEAD_DIM))
+    need_tensor(fn, "partial_lse", partial_lse, dtype=torch.float32,
+                shape=(partial_rows, 1, NUM_HEADS, 1))
     need_tensor(fn, "reduce_partial_map", reduce_partial_map, dtype=torch.int32, ndim=1)
     need_int(fn, "max_seqlen_q", max_seqlen_q, 1)
-    partials = reduce_partial_map.shape[0] * max_seqlen_q
-    need_tensor(fn, "partial_output", partial_output,
-                shape=(partials, 1, NUM_HEADS, V_HEAD_DIM))
-    need_tensor(fn, "partial_lse", partial_lse, dtype=torch.float32,
-                shape=(partials, 1, NUM_HEADS, 1))
     need_tensor(fn, "reduce_indptr", reduce_indptr, dtype=torch.int32, ndim=1)
     tiles = reduce_indptr.shape[0] - 1
     has_final_map = need_tensor(fn, "reduce_final_map", reduce_final_map, dtype=torch.int32,
                                 shape=(tiles, 2), optional=True)
-    if generation == "2026-03":
-        expect(num_kv_splits is None, "internal: the 2026-03 reduce has no num_kv_splits")
-    else:
+    if num_kv_splits is not None:  # generations from 2026-06-11: 0 = aiter decides
         need_int(fn, "num_kv_splits", num_kv_splits, 0)
     need_tensor(fn, "final_output", final_output, dtype=torch.bfloat16, ndim=3)
     expect(tuple(final_output.shape[1:]) == (NUM_HEADS, V_HEAD_DIM),
            f"{fn}: 'final_output' has shape {tuple(final_output.shape)}")
     need_tensor(fn, "final_lse", final_lse, dtype=torch.float32,
                 shape=(final_output.shape[0], NUM_HEADS), optional=True)
-    LOG.append((fn, {"generation": generation, "num_kv_splits": num_kv_splits}))
+    LOG.append((fn, {"num_kv_splits": num_kv_splits}))
 
     ptr = reduce_indptr.tolist()
+    expect(ptr[0] == 0 and ptr == sorted(ptr) and ptr[-1] <= reduce_partial_map.shape[0],
+           f"{fn}: reduce_indptr is not a prefix sum over reduce_partial_map")
+    partial_map = reduce_partial_map.tolist()
     final_rows = reduce_final_map.tolist() if has_final_map else [[t, t + 1] for t in range(tiles)]
     for t in range(tiles):
-        if ptr[t] == ptr[t + 1]:
-            continue  # one split: stage 1 wrote the output itself
-        slots = reduce_partial_map[ptr[t]:ptr[t + 1]].long() * max_seqlen_q
-        out = combine(partial_output[slots, 0], partial_lse[slots, 0, :, 0])
+        if ptr[t + 1] - ptr[t] <= 1:
+            continue  # one piece: stage 1 wrote the output itself
+        rows = partial_map[ptr[t]:ptr[t + 1]]
+        expect(all(0 <= r and r + max_seqlen_q <= partial_rows for r in rows),
+               f"{fn}: partial rows {rows[:4]}... outside partial_output ({partial_rows} rows)")
+        index = torch.tensor(rows, dtype=torch.long, device=partial_output.device)
+        out = combine(partial_output[index, 0], partial_lse[index, 0, :, 0])
         q_start, q_end = final_rows[t]
         rows_out = out.reshape(q_end - q_start, NUM_HEADS, V_HEAD_DIM)
         final_output[q_start:q_end] = rows_out.to(final_output.dtype)
         if final_lse is not None:
-            final_lse[q_start:q_end] = torch.logsumexp(partial_lse[slots, 0, :, 0], dim=0)
+            final_lse[q_start:q_end] = torch.logsumexp(partial_lse[index, 0, :, 0], dim=0)
 
 
 # ---------------------------------------------------------------------------------------------
-# Non-persistent mla_decode_fwd
+# mla_decode_fwd's non-persistent mode (its persistent mode is in mla.py: it calls the two ops)
 
 
 def default_num_kv_splits(batch, total_kv):
@@ -396,29 +586,34 @@ def default_num_kv_splits(batch, total_kv):
     return max(1, min(16, -(-NUM_CU // batch), -(-avg // 64)))
 
 
-def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
-               page_size, nhead_kv, sm_scale, logit_cap, num_kv_splits, num_kv_splits_indptr,
-               work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
-               reduce_partial_map, q_scale, kv_scale, intra_batch_mode, return_logits, return_lse):
-    fn = "mla_decode_fwd"
-    CALLS[fn] += 1
-    persistent = (work_meta_data, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
-                  reduce_partial_map)
-    if any(x is not None for x in persistent):
-        raise NotImplementedError(f"{fn}: the double models the non-persistent mode only "
-                                  "(the product calls stage 1 and the reduce directly)")
+def decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
+                     max_seqlen_q, page_size, nhead_kv, sm_scale, logit_cap, q_scale, kv_scale):
+    """The checks both modes of mla_decode_fwd share; returns the softmax scale."""
     check_q_kv(fn, q, kv_buffer, page_size, nhead_kv)
-    need_scale(fn, "q_scale", q_scale, "q", q)
-    need_scale(fn, "kv_scale", kv_scale, "kv_buffer", kv_buffer)
+    need_scale(fn, "q_scale", q_scale, "q", q, q.device)
+    need_scale(fn, "kv_scale", kv_scale, "kv_buffer", kv_buffer, q.device)
     need_int(fn, "max_seqlen_q", max_seqlen_q, 1)
     expect(max_seqlen_q == 1, f"{fn}: the double models decode (max_seqlen_q 1) only")
-    expect(logit_cap == 0.0 and not intra_batch_mode, f"{fn}: logit_cap / intra_batch not modelled")
+    expect(logit_cap <= 0, f"{fn}: logit_cap={logit_cap} is not supported (aiter's assert)")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(QK_HEAD_DIM)
     need_float(fn, "sm_scale", sm_scale)
-    total_q = q.shape[0]
-    need_tensor(fn, "o", o, dtype=torch.bfloat16, shape=(total_q, NUM_HEADS, V_HEAD_DIM))
+    need_tensor(fn, "o", o, dtype=torch.bfloat16, shape=(q.shape[0], NUM_HEADS, V_HEAD_DIM))
     need_tensor(fn, "qo_indptr", qo_indptr, dtype=torch.int32, ndim=1)
+    return sm_scale
+
+
+def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
+               page_size, nhead_kv, sm_scale, logit_cap, num_kv_splits, num_kv_splits_indptr,
+               q_scale, kv_scale, return_lse):
+    """Non-persistent mla_decode_fwd: splits of each batch's rows, merged like aiter's stage 2;
+    with fp8 q and one split stage 1 writes o itself (no reduce launch)."""
+    fn = "mla_decode_fwd"
+    CALLS[fn] += 1
+    sm_scale = decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices,
+                                kv_last_page_lens, max_seqlen_q, page_size, nhead_kv, sm_scale,
+                                logit_cap, q_scale, kv_scale)
+    total_q = q.shape[0]
     batch = qo_indptr.shape[0] - 1
     pages, last = check_page_table(fn, batch, kv_indptr, kv_indices, kv_last_page_lens,
                                    kv_buffer.shape[0], page_size)
@@ -435,16 +630,19 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
         expect(num_kv_splits_indptr.tolist() == [b * num_kv_splits for b in range(batch + 1)],
                f"{fn}: num_kv_splits_indptr must be arange(0, (bs + 1) * n, n), "
                "n = num_kv_splits")
-    direct = q.dtype in FP8_DTYPES and num_kv_splits == 1  # stage 1 writes o, no reduce launch
+    direct = q.dtype in FP8_DTYPES and num_kv_splits == 1
     LOG.append((fn, {"page_size": page_size, "batch": batch, "num_kv_splits": num_kv_splits,
-                     "direct": direct}))
+                     "direct": direct, "persistent": False}))
 
     qf = dequantize(q, q_scale)
     kv_rows = dequantize(kv_buffer, kv_scale).reshape(-1, QK_HEAD_DIM)
-    logits = torch.zeros(total_q, num_kv_splits, NUM_HEADS, V_HEAD_DIM, dtype=torch.float32)
-    lses = torch.full((total_q, num_kv_splits, NUM_HEADS, 1), -math.inf, dtype=torch.float32)
+    logits = torch.zeros(total_q, num_kv_splits, NUM_HEADS, V_HEAD_DIM, dtype=torch.float32,
+                         device=q.device)
+    lses = torch.full((total_q, num_kv_splits, NUM_HEADS, 1), -math.inf, dtype=torch.float32,
+                      device=q.device)
     for b in range(batch):
-        rows = token_rows(kv_indices, pages[b], pages[b + 1], page_size, last[b])
+        tail = None if last is None else last[b]
+        rows = token_rows(kv_indices, pages[b], pages[b + 1], page_size, tail)
         step = -(-rows.numel() // num_kv_splits)
         for split in range(num_kv_splits):
             part = rows[split * step:(split + 1) * step]
