@@ -2,14 +2,15 @@
 #!POPCORN gpu MI355X
 """DeepSeek-R1 MLA decode (forward-absorb) for the amd-mixed-mla leaderboard.
 
-Reads top-down: constants -> route tables (data) -> input checks -> aiter routes (MI355X) ->
-portable Triton routes (everywhere else) -> the Hopper route (Gluon, sm_90 only) -> route
-selection -> custom_kernel.
-
 custom_kernel checks the input's shapes, picks one row of the active route table for the call's
 (batch, kv_len) and runs that row's route. Where aiter imports and its API is one this file knows,
 the aiter table is active; elsewhere (NVIDIA, ROCm without aiter, CPU under TRITON_INTERPRET=1)
 the Triton table is, after one warning line on stderr.
+
+Sections, in reading order (each opened by a banner; none refers at import time to a later one):
+constants; route tables (data); input checks; host machinery (launch, caches, workspaces); aiter
+routes (MI355X); Triton kernels; Triton routes and compile plans; the Hopper route (Gluon, sm_90);
+router and custom_kernel. Measurements behind the choices are in NOTES.md under the ids cited.
 """
 import inspect
 import math
@@ -22,21 +23,29 @@ import triton.language as tl
 
 from task import input_t, output_t
 
+# =============================================================================================
+# Constants
+# =============================================================================================
 NUM_HEADS = 16
 NUM_KV_HEADS = 1  # MLA: every query head reads the same latent row
 QK_HEAD_DIM = 576  # keys use all 576 dims: 512 latent + 64 rope
 V_HEAD_DIM = 512  # values are the first 512 dims of the same latent row
 ROPE_DIM = QK_HEAD_DIM - V_HEAD_DIM
-SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
-FP8_E4M3_MAX = 448.0
+SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)  # the problem's softmax scale; check_inputs holds config to it
+LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2: scores are scaled by sm_scale * log2(e)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)  # gfx950 / NVIDIA, gfx942
+FP8_MAX = {dtype: torch.finfo(dtype).max for dtype in FP8_DTYPES}  # 448 e4m3fn, 240 e4m3fnuz
+TRITON_FP8_DTYPES = {"fp8e4nv": torch.float8_e4m3fn, "fp8e4b8": torch.float8_e4m3fnuz}  # Triton's names
 MXFP4_ROW_BYTES = QK_HEAD_DIM // 2  # two e2m1 values per byte
 MXFP4_SCALES_PER_ROW = QK_HEAD_DIM // 32
-CONFIG_KEYS = frozenset({"batch_size", "q_seq_len", "kv_seq_len"})  # the config entries read here
+CONFIG_KEYS = frozenset({"batch_size", "q_seq_len", "kv_seq_len", "sm_scale"})  # the config entries read here
 KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 
-# ---------------------------------------------------------------------------------------------
-# Route tables: lists of rows {"max_batch", "max_kv_len", "route", "params"}. A row matches a call
+
+# =============================================================================================
+# Route tables (data)
+# =============================================================================================
+# Lists of rows {"max_batch", "max_kv_len", "route", "params"}. A row matches a call
 # when batch <= max_batch and kv_len <= max_kv_len (None: no bound), kv_len = total_kv // batch.
 # The first matching row whose preconditions hold wins; the preconditions today are
 #   params["page_size"] > 1  ->  the KV lengths are declared uniform (total_kv == batch *
@@ -53,86 +62,97 @@ KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 # Why no page > 1 row (docs/runner.md, "page size"): aiter's fp8 persistent decode kernel for q
 # length 1 has no paged build, and every sign says it then reads one token per page: attention
 # over every 2nd token at kv 1024 (rel. L2 0.77 from the truth) and every 8th at kv 8192 (1.03)
-# still pass the runner's loose check (rtol = atol = 0.1, 5% of elements allowed). The seed's
-# page-2 / page-8 rows were "fast" that way. A page > 1 row may come back only after a strict
+# still pass the runner's loose check (rtol = atol = 0.1, 5% of elements allowed), and reading
+# an eighth of the bytes looks fast. A page > 1 row may come back only after a strict
 # check on an MI355X shows it right: `eval.py test --strict` there, and tune.py's eligibility
 # (rel. L2 within ROUTE_INFO's bound), which rejects it otherwise.
 # The catch-all is the runner's own reference configuration (persistent, page 1, 32 splits,
 # per-tensor q scale): valid for any KV lengths (its work plan is rebuilt per call when the
 # lengths are not uniform).
 #
-# q_scale_mode (fp8 routes): how q (bf16) becomes fp8.
-#   "per_tensor": scale = max|q| / fp8 max, like the reference; right for any q; 4 small launches.
-#   "plain_cast": q.to(fp8) with scale 1, the seed's choice; 1 launch. Right ONLY while
-#       max|q| <= the fp8 max (448 for e4m3fn, 240 for e4m3fnuz): beyond it the cast saturates or
-#       gives NaN (depending on the backend) and the output is wrong. The runner's q is randn
-#       (max|q| about 5), so the table's rows use it.
+# Two parameters mean the same on every route that has them:
+#   num_splits: KV splits per batch row (aiter's persistent plan: at most that many);
+#   q_scale: how q (bf16) becomes fp8 on the fp8 routes.
+#     "tensor": scale = max|q| / fp8 max, like the reference; right for any q (aiter routes: the
+#         reference's own bf16 arithmetic, 6 small launches; Triton: one reduction launch);
+#     "program": the Triton kernels only: each program's own amax, computed in the kernel;
+#     "unit": the aiter routes only: q.to(fp8) with scale 1, one launch. Right ONLY while
+#         max|q| <= the fp8 max (448 for e4m3fn, 240 for e4m3fnuz): beyond it the cast saturates
+#         or gives NaN (depending on the backend) and the output is wrong. The runner's q is
+#         randn (max|q| about 5), so the table's rows use it.
 # tune.py --write rewrites the literals between the markers; keep them plain literals.
 # BEGIN ROUTE TABLES
 AITER_ROUTE_TABLE = [
     {"max_batch": 4, "max_kv_len": 1024, "route": "aiter_bf16", "params": {}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_kv_splits": 16, "q_scale_mode": "plain_cast"}},
-    {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8",
-     "params": {"q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"}},
     {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_kv_splits": 8, "q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
     {"max_batch": 4, "max_kv_len": None, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_kv_splits": 16, "q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
     {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_kv_splits": 8, "q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
     {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_kv_splits": 32, "q_scale_mode": "per_tensor"}},
+     "params": {"page_size": 1, "num_splits": 32, "q_scale": "tensor"}},
 ]
 TRITON_ROUTE_TABLE = [
     {"max_batch": 4, "max_kv_len": 1024, "route": "hopper_fp8",
      "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
      "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
      "params": {"num_splits": 2, "num_warps": 4, "num_stages": 3, "cooperative_merge": True}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
     {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
      "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
     {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
      "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
     {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
      "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
     {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
      "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
     {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
      "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
     {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
     {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True, "q_scale": "program"}},
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
+                "q_scale": "program"}},
 ]
 # END ROUTE TABLES
 # Configurations a table may select besides its rows (tools/kernel_report.py compiles these too):
-# the fused MXFP4 route and the Hopper routes (sm_90 only), chosen by tune.py where they win.
+# the fused MXFP4 route and the Hopper route (sm_90 only), chosen by tune.py where they win.
 TRITON_EXTRA_CONFIGS = [
     {"route": "triton_mxfp4", "params": {}},
     {"route": "hopper_fp8", "params": {}},
-    {"route": "hopper_mxfp4", "params": {}},
 ]
-# ---------------------------------------------------------------------------------------------
 
 
-# ---------------------------------------------------------------------------------------------
-# Input checks: shapes and dtypes only (attribute reads, never a GPU->host sync).
+# =============================================================================================
+# Input checks: shapes, dtypes and config only (attribute reads, never a GPU->host sync)
+# =============================================================================================
 
 
 def _describe(x):
@@ -173,6 +193,10 @@ def check_inputs(q, kv_data, qo_indptr, kv_indptr, config):
     if config["batch_size"] != batch:
         raise ValueError(f'config["batch_size"] is {config["batch_size"]} but qo_indptr holds '
                          f"{batch} batches")
+    if not isinstance(config["sm_scale"], (int, float)) or not math.isclose(config["sm_scale"], SM_SCALE,
+                                                                            rel_tol=1e-6):
+        raise ValueError(f'config["sm_scale"] is {config["sm_scale"]!r}: every route uses the problem\'s '
+                         f"1/sqrt({QK_HEAD_DIM}) = {SM_SCALE}")
     if config["q_seq_len"] != 1:
         raise ValueError(f'config["q_seq_len"] is {config["q_seq_len"]}: every route here is a '
                          "decode kernel (q_seq_len 1: one query row per batch)")
@@ -243,7 +267,90 @@ def declares_uniform_kv(batch, total_kv, config):
     return total_kv == batch * config["kv_seq_len"]
 
 
-# ==== BEGIN AITER ROUTES ====
+# =============================================================================================
+# Host machinery: launch, compiled-kernel cache, split workspaces
+# =============================================================================================
+DIRECT_LAUNCH = triton.__version__.startswith("3.6.")  # see launch()
+
+
+def _launch_hooks_installed():
+    hook = getattr(getattr(triton, "knobs", None), "runtime", None)
+    hook = getattr(hook, "launch_enter_hook", None)
+    return bool(getattr(hook, "calls", hook))  # Triton 3.6: a HookChain, empty unless a tool adds one
+
+
+_COMPILED = {}  # launch key -> (Triton's compiled kernel, the constexpr values it is called with)
+
+
+def _specialisation(arg):
+    """What Triton specialises a tensor argument on: dtype and 16-byte alignment; for a TMA
+    descriptor (Hopper route) its block, layout and its base's, and row-count alignment."""
+    base = getattr(arg, "base", None)
+    if base is not None:
+        return (type(arg), base.dtype, base.data_ptr() % 16 == 0, tuple(arg.block_shape), arg.layout,
+                tuple(arg.strides), arg.shape[0] % 16 == 0)
+    return (arg.dtype, arg.data_ptr() % 16 == 0)
+
+
+def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
+    """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the second
+    call with the same key straight through the compiled kernel's own launcher (compiled[grid]).
+
+    Why: Triton's dispatcher re-derives every argument's specialisation and the cache key on each
+    call; that host time is inside the runner's timing whenever the GPU waits for the launch, and
+    in leaderboard mode (a new input per repeat) the cold host path costs far more than the kernel
+    on small shapes (NOTES.md, "host" rows of the Hopper route). The key holds everything the JIT
+    specialises on for these arguments: each tensor's dtype and 16-byte alignment, each scalar's
+    value (strides: divisibility and the value 1; sm_scale is a float, not specialised), the grid,
+    the constexprs and the launch options, and the device. Triton's own path is taken for every
+    call under the interpreter, while a launch hook is installed (profilers), and on Triton
+    versions other than the one this call convention was checked on (3.6:
+    CompiledKernel.__getitem__, which launches on the device's current queue exactly as the
+    dispatcher does)."""
+    device = tensors[0].device
+    key = (kernel, grid, device, tuple(map(_specialisation, tensors)), scalars[1:],
+           tuple(constexprs.items()), num_warps, num_stages)
+    entry = _COMPILED.get(key)
+    if entry is None or _launch_hooks_installed():
+        compiled = kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        if DIRECT_LAUNCH and isinstance(compiled, triton.compiler.CompiledKernel):
+            # every constexpr in signature order, defaults included, as Triton's own launch passes them
+            values = dict(keyword_defaults(kernel), **constexprs)
+            _COMPILED[key] = (compiled[(*grid, 1)],
+                              tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
+        return
+    run_compiled, constexpr_values = entry
+    run_compiled(*tensors, *scalars, *constexpr_values)
+
+
+_SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets)
+
+
+def split_workspace(batch, num_splits, device):
+    """Float32 partials and lse for every (batch row, split), two tickets per batch row. Cached per
+    shape: allocated once, the tickets zeroed once (the last split of a row resets its arrival
+    ticket; the Hopper cooperative merge's counters only grow, by num_splits per call).
+    Two calls sharing a shape must not run concurrently on the GPU (the runner's never do)."""
+    key = (batch, num_splits, device)
+    workspace = _SPLIT_WORKSPACES.get(key)
+    if workspace is None:
+        workspace = _SPLIT_WORKSPACES[key] = (
+            torch.empty(batch * num_splits, V_HEAD_DIM, NUM_HEADS, dtype=torch.float32, device=device),
+            torch.empty(batch * num_splits, NUM_HEADS, dtype=torch.float32, device=device),
+            torch.zeros(2 * batch, dtype=torch.int32, device=device),  # arrivals; cooperative counters (Hopper)
+        )
+    return workspace
+
+
+def keyword_defaults(fn):
+    """The defaulted parameters of a route, or of a @triton.jit kernel (its constexprs: an
+    ahead-of-time compile must name them all)."""
+    return {name: param.default for name, param in inspect.signature(getattr(fn, "fn", fn)).parameters.items()
+            if param.default is not inspect.Parameter.empty}
+
+
+# =============================================================================================
+# aiter routes (MI355X)
 # aiter's MLA decode on the MI355X runner. Three routes:
 #   aiter_bf16             mla_decode_fwd, bf16 q over the bf16 cache, page 1 (aiter picks splits)
 #   aiter_fp8              mla_decode_fwd, fp8 q over the fp8 cache, page 1, one split per batch
@@ -258,6 +365,7 @@ def declares_uniform_kv(batch, total_kv, config):
 # import; the two kernels get their values positionally in the order read, as aiter's own wrapper
 # calls them, the metadata calls get theirs by the names read. Anything this file cannot call
 # correctly turns the aiter routes off (one warning line, Triton routes).
+# =============================================================================================
 
 # Values this file fills, by parameter name, in the newest known order. OPTIONAL names may be
 # absent from an older aiter; every other name must be there.
@@ -419,7 +527,6 @@ except Exception as exc:  # not installed, a broken install, or an API this file
 _PAGE_TABLES = {}  # (batch, total_kv, kv_seq_len or None, page_size, device) -> PageTables
 _PLANS = {}  # see persistent_plan for the key
 _Q_FP8 = {}  # (total_q, fp8 dtype, device) -> (fp8 q buffer, unit scale)
-_FP8_MAX = {dtype: torch.finfo(dtype).max for dtype in FP8_DTYPES}  # 448 e4m3fn, 240 e4m3fnuz
 
 
 class PageTables:
@@ -451,9 +558,9 @@ def page_tables(batch, total_kv, kv_seq_len, page_size, device):
     return tables
 
 
-def quantize_q_fp8(q, fp8_dtype, q_scale_mode):
-    """bf16 q -> (fp8 q, float32 scale of shape (1,)) with no host sync; q_scale_mode is described
-    above the route tables. The fp8 buffer is cached per (rows, dtype, device) and rewritten by
+def quantize_q_fp8(q, fp8_dtype, q_scale):
+    """bf16 q -> (fp8 q, float32 scale of shape (1,)) with no host sync; q_scale ("tensor" or
+    "unit") is described above the route tables. The fp8 buffer is cached per (rows, dtype, device) and rewritten by
     each call: the previous call's kernels, queued before this one on the device, read it first."""
     key = (q.shape[0], fp8_dtype, q.device)
     buffers = _Q_FP8.get(key)
@@ -461,19 +568,19 @@ def quantize_q_fp8(q, fp8_dtype, q_scale_mode):
         buffers = _Q_FP8[key] = (torch.empty(q.shape, dtype=fp8_dtype, device=q.device),
                                  torch.ones(1, dtype=torch.float32, device=q.device))
     q_fp8, unit_scale = buffers
-    if q_scale_mode == "plain_cast":
+    if q_scale == "unit":
         q_fp8.copy_(q)
         return q_fp8, unit_scale
-    if q_scale_mode == "per_tensor":
+    if q_scale == "tensor":
         # The runner's quantiser step for step, in q's own bf16 (bit for bit its bytes and scale):
         # amax, amax / fp8 max rounded to bf16, q / scale rounded to bf16, then the cast. The
         # bf16 scale may undershoot amax / fp8 max by half a bf16 step, so |q / scale| can pass
         # the fp8 max by less than half an fp8 step, which the cast rounds to the max: no clamp.
         amax = torch.linalg.vector_norm(q, float("inf")).reshape(1)
-        scale = amax.clamp_(min=1e-12).div_(_FP8_MAX[fp8_dtype])
+        scale = amax.clamp_(min=1e-12).div_(FP8_MAX[fp8_dtype])
         q_fp8.copy_(torch.div(q, scale))
         return q_fp8, scale.float()
-    raise ValueError(f"q_scale_mode must be 'per_tensor' or 'plain_cast', got {q_scale_mode!r}")
+    raise ValueError(f"q_scale must be 'tensor' or 'unit' for the aiter routes, got {q_scale!r}")
 
 
 # How get_mla_metadata_v1 cuts the KV into work. REFERENCE_PLAN is the runner's reference's own
@@ -565,26 +672,26 @@ def aiter_bf16_route(q, kv_data, qo_indptr, kv_indptr, config):
     return out
 
 
-def aiter_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, q_scale_mode="per_tensor"):
+def aiter_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, q_scale="tensor"):
     """fp8 q over the fp8 cache through mla_decode_fwd, page size 1, ONE split per batch: with
     fp8 q and one split, stage 1 writes the output itself (no reduce launch)."""
     kv, kv_scale = kv_data["fp8"]
     batch, total_kv = qo_indptr.shape[0] - 1, kv.shape[0]
     tables = page_tables(batch, total_kv, None, 1, q.device)
-    q_fp8, q_scale = quantize_q_fp8(q, kv.dtype, q_scale_mode)
+    q_fp8, q_scale_tensor = quantize_q_fp8(q, kv.dtype, q_scale)
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     mla_decode_fwd(q_fp8, kv.view(total_kv, 1, NUM_KV_HEADS, QK_HEAD_DIM), out, qo_indptr,
                    kv_indptr, tables.kv_page_ids, tables.kv_last_page_lens, config["q_seq_len"],
                    page_size=1, nhead_kv=NUM_KV_HEADS, sm_scale=SM_SCALE, num_kv_splits=1,
-                   num_kv_splits_indptr=tables.one_split_indptr, q_scale=q_scale,
+                   num_kv_splits_indptr=tables.one_split_indptr, q_scale=q_scale_tensor,
                    kv_scale=kv_scale)
     return out
 
 
 def aiter_a8w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_size=1,
-                                num_kv_splits=16, q_scale_mode="per_tensor"):
+                                num_splits=16, q_scale="tensor"):
     """fp8 q over the fp8 KV seen as (pages, page_size, 1, 576): aiter's persistent stage 1 over
-    the cached work plan (at most num_kv_splits splits per batch), then mla_reduce_v1 merging the
+    the cached work plan (at most num_splits splits per batch), then mla_reduce_v1 merging the
     splits into a fresh output. page_size > 1 needs uniform KV lengths that are a multiple of it
     (ValueError otherwise: select_route never picks such a row)."""
     kv, kv_scale = kv_data["fp8"]
@@ -597,9 +704,9 @@ def aiter_a8w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_s
                          f'config["kv_seq_len"] {kv_seq_len})')
     tables = page_tables(batch, total_kv, kv_seq_len, page_size, q.device)
     kv_page_indptr = kv_indptr if page_size == 1 else tables.kv_page_indptr
-    q_fp8, q_scale = quantize_q_fp8(q, kv.dtype, q_scale_mode)
+    q_fp8, q_scale_tensor = quantize_q_fp8(q, kv.dtype, q_scale)
     plan = persistent_plan(qo_indptr, kv_page_indptr, tables.kv_last_page_lens, batch, total_kv,
-                           kv_seq_len, uniform, max_seqlen_q, page_size, num_kv_splits,
+                           kv_seq_len, uniform, max_seqlen_q, page_size, num_splits,
                            q_fp8.dtype, kv.dtype, q.device)
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     # values in STAGE1_PARAMETERS / REDUCE_PARAMETERS order; *_ORDER keeps what this aiter takes
@@ -607,18 +714,17 @@ def aiter_a8w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_s
         q_fp8, kv.view(total_kv // page_size, page_size, NUM_KV_HEADS, QK_HEAD_DIM), qo_indptr,
         kv_page_indptr, tables.kv_page_ids, tables.kv_last_page_lens, None, plan.work_meta_data,
         plan.work_indptr, plan.work_info_set, max_seqlen_q, page_size, NUM_KV_HEADS, SM_SCALE,
-        plan.partial_output, plan.partial_lse, out, None, q_scale, kv_scale)))
+        plan.partial_output, plan.partial_lse, out, None, q_scale_tensor, kv_scale)))
     _reduce(*_REDUCE_ORDER((
         plan.partial_output, plan.partial_lse, plan.reduce_indptr, plan.reduce_final_map,
-        plan.reduce_partial_map, max_seqlen_q, num_kv_splits, out, None)))
+        plan.reduce_partial_map, max_seqlen_q, num_splits, out, None)))
     return out
-# ==== END AITER ROUTES ====
 
 
-# ==== BEGIN TRITON ROUTES ====
-# The portable route: our own Triton kernel, on NVIDIA, on ROCm without aiter, and on CPU under
-# TRITON_INTERPRET=1. Measured choices (H200, see NOTES.md) are explained where they are made.
-LOG2E = 1.4426950408889634
+# =============================================================================================
+# Triton kernels
+# The portable kernels: NVIDIA, ROCm without aiter, and the CPU under TRITON_INTERPRET=1.
+# =============================================================================================
 
 
 @triton.jit
@@ -639,6 +745,35 @@ def _last_split_to_finish(SPLIT_TICKETS, batch, NUM_SPLITS: tl.constexpr):
     # All threads' partial stores must precede the release of the ticket (acq_rel, GPU scope).
     tl.debug_barrier()
     return tl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1
+
+
+@triton.jit
+def _split_lse(running_max, running_sum):
+    """(lse, safe sum) of one split's online softmax. An empty split (a row shorter than the split
+    grid) has sum 0: its partial is 0 and its lse -inf, so the merge gives it weight 0."""
+    has_tokens = running_sum > 0
+    safe_sum = tl.where(has_tokens, running_sum, 1.0)
+    return tl.where(has_tokens, running_max + tl.log2(safe_sum), float("-inf")), safe_sum
+
+
+@triton.jit
+def _merge_splits(PARTIAL_O, PARTIAL_LSE, first_slot, offsets, heads, NUM_SPLITS: tl.constexpr,
+                  NUM_HEADS: tl.constexpr, SLOT_SIZE: tl.constexpr):
+    """The row's attention at `offsets` (a (rows x heads) tile of element offsets into one split's
+    partial of SLOT_SIZE floats): the splits' partials weighted by 2^(lse - max lse) per head, over
+    the sum of the weights. A row with no KV at all (every lse -inf) merges to 0. Other programs
+    wrote the partials: they are read past L1 (.cg)."""
+    lse_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        lse_max = tl.maximum(lse_max, tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads, cache_modifier=".cg"))
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weight_sum = tl.zeros([NUM_HEADS], tl.float32)
+    merged = tl.zeros(offsets.shape, tl.float32)
+    for s in range(NUM_SPLITS):
+        weight = tl.exp2(tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads, cache_modifier=".cg") - lse_max)
+        weight_sum += weight
+        merged += tl.load(PARTIAL_O + (first_slot + s) * SLOT_SIZE + offsets, cache_modifier=".cg") * weight[None, :]
+    return merged * tl.where(weight_sum > 0, 1.0 / tl.where(weight_sum > 0, weight_sum, 1.0), 0.0)[None, :]
 
 
 @triton.jit
@@ -718,28 +853,15 @@ def _mla_decode_fp8_kernel(
         out_scale = (kv_scale / running_sum)[None, :]
         tl.store(out_ptrs, tl.trans(acc_t * out_scale).to(OUT.dtype.element_ty))
     else:
-        # An empty split (row shorter than the split grid) has sum 0: partial 0, lse -inf (weight 0).
-        has_tokens = running_sum > 0
-        safe_sum = tl.where(has_tokens, running_sum, 1.0)
-        lse = tl.where(has_tokens, running_max + tl.log2(safe_sum), float("-inf"))
+        lse, safe_sum = _split_lse(running_max, running_sum)
         slot = batch * NUM_SPLITS + split
-        partial_ptrs = PARTIAL_O + latent[:, None] * NUM_HEADS + heads[None, :]
-        tl.store(partial_ptrs + slot * LATENT * NUM_HEADS, acc_t / safe_sum[None, :])
+        offsets = latent[:, None] * NUM_HEADS + heads[None, :]
+        tl.store(PARTIAL_O + slot * LATENT * NUM_HEADS + offsets, acc_t / safe_sum[None, :])
         tl.store(PARTIAL_LSE + slot * NUM_HEADS + heads, lse)
         if _last_split_to_finish(SPLIT_TICKETS, batch, NUM_SPLITS):
-            first_slot = batch * NUM_SPLITS
-            splits = tl.arange(0, NUM_SPLITS)
-            all_lse = tl.load(PARTIAL_LSE + (first_slot + splits[:, None]) * NUM_HEADS + heads[None, :],
-                              cache_modifier=".cg")
-            lse_max = tl.max(all_lse, 0)
-            out_scale = (kv_scale / tl.sum(tl.exp2(all_lse - lse_max[None, :]), 0))[None, :]
-            merged_t = tl.zeros([LATENT, NUM_HEADS], tl.float32)
-            for s in range(NUM_SPLITS):
-                weight = tl.exp2(tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads,
-                                         cache_modifier=".cg") - lse_max)
-                merged_t += tl.load(partial_ptrs + (first_slot + s) * LATENT * NUM_HEADS,
-                                    cache_modifier=".cg") * weight[None, :]
-            tl.store(out_ptrs, tl.trans(merged_t * out_scale).to(OUT.dtype.element_ty))
+            merged_t = _merge_splits(PARTIAL_O, PARTIAL_LSE, batch * NUM_SPLITS, offsets, heads, NUM_SPLITS, NUM_HEADS,
+                                     LATENT * NUM_HEADS)
+            tl.store(out_ptrs, tl.trans(merged_t * kv_scale).to(OUT.dtype.element_ty))
             tl.atomic_xchg(SPLIT_TICKETS + batch, 0)
 
 
@@ -962,117 +1084,31 @@ def _mla_decode_mxfp4_kernel(
         tl.store(out_ptrs, out_lo.to(OUT.dtype.element_ty))
         tl.store(out_ptrs + HALF, out_hi.to(OUT.dtype.element_ty))
     else:
-        # An empty split (row shorter than the split grid) has sum 0: partial 0, lse -inf (weight 0).
-        lse = tl.where(has_tokens, running_max + tl.log2(tl.where(has_tokens, running_sum, 1.0)), float("-inf"))
+        lse, _ = _split_lse(running_max, running_sum)
         slot = batch * NUM_SPLITS + split
-        partial_ptrs = PARTIAL_O + pairs[:, None] * NUM_HEADS + heads[None, :]
-        slot_ptrs = partial_ptrs + slot * 4 * PART
+        offsets = pairs[:, None] * NUM_HEADS + heads[None, :]
+        slot_ptrs = PARTIAL_O + slot * 4 * PART + offsets
         tl.store(slot_ptrs, acc_even_lo_t * out_scale)
         tl.store(slot_ptrs + PART, acc_odd_lo_t * out_scale)
         tl.store(slot_ptrs + 2 * PART, acc_even_hi_t * out_scale)
         tl.store(slot_ptrs + 3 * PART, acc_odd_hi_t * out_scale)
         tl.store(PARTIAL_LSE + slot * NUM_HEADS + heads, lse)
         if _last_split_to_finish(SPLIT_TICKETS, batch, NUM_SPLITS):
-            first_slot = batch * NUM_SPLITS
-            lse_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
-            for s in range(NUM_SPLITS):
-                lse_max = tl.maximum(lse_max, tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads,
-                                                      cache_modifier=".cg"))
-            # a row with no KV at all: every lse is -inf; weights 0, output 0
-            lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-            weight_sum = tl.zeros([NUM_HEADS], tl.float32)
-            merged_even_lo = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
-            merged_odd_lo = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
-            merged_even_hi = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
-            merged_odd_hi = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
-            for s in range(NUM_SPLITS):
-                weight = tl.exp2(tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads,
-                                         cache_modifier=".cg") - lse_max)
-                weight_sum += weight
-                s_ptrs = partial_ptrs + (first_slot + s) * 4 * PART
-                merged_even_lo += tl.load(s_ptrs, cache_modifier=".cg") * weight[None, :]
-                merged_odd_lo += tl.load(s_ptrs + PART, cache_modifier=".cg") * weight[None, :]
-                merged_even_hi += tl.load(s_ptrs + 2 * PART, cache_modifier=".cg") * weight[None, :]
-                merged_odd_hi += tl.load(s_ptrs + 3 * PART, cache_modifier=".cg") * weight[None, :]
-            inv_sum = tl.where(weight_sum > 0, 1.0 / tl.where(weight_sum > 0, weight_sum, 1.0), 0.0)[None, :]
-            out_lo = tl.reshape(tl.join(tl.trans(merged_even_lo * inv_sum), tl.trans(merged_odd_lo * inv_sum)),
-                                (NUM_HEADS, HALF))
-            out_hi = tl.reshape(tl.join(tl.trans(merged_even_hi * inv_sum), tl.trans(merged_odd_hi * inv_sum)),
-                                (NUM_HEADS, HALF))
-            tl.store(out_ptrs, out_lo.to(OUT.dtype.element_ty))
-            tl.store(out_ptrs + HALF, out_hi.to(OUT.dtype.element_ty))
+            # a slot's four (128 x 16) blocks are one (512 x 16) tile: row r = block r // 128, pair
+            # r % 128, which holds latent dim (block // 2) * 256 + 2 * pair + block % 2
+            rows = tl.arange(0, 4 * HALF_BYTES)
+            block = rows // HALF_BYTES
+            dims = (block // 2) * HALF + 2 * (rows % HALF_BYTES) + block % 2
+            merged_t = _merge_splits(PARTIAL_O, PARTIAL_LSE, batch * NUM_SPLITS,
+                                     rows[:, None] * NUM_HEADS + heads[None, :], heads, NUM_SPLITS, NUM_HEADS, 4 * PART)
+            tl.store(OUT + q_row * stride_o_token + heads[None, :] * stride_o_head + dims[:, None],
+                     merged_t.to(OUT.dtype.element_ty))
             tl.atomic_xchg(SPLIT_TICKETS + batch, 0)
 
 
-DIRECT_LAUNCH = triton.__version__.startswith("3.6.")  # see launch()
-
-
-def _launch_hooks_installed():
-    hook = getattr(getattr(triton, "knobs", None), "runtime", None)
-    hook = getattr(hook, "launch_enter_hook", None)
-    return bool(getattr(hook, "calls", hook))  # Triton 3.6: a HookChain, empty unless a tool adds one
-
-
-_COMPILED = {}  # launch key -> (Triton's compiled kernel, the constexpr values it is called with)
-
-
-def _specialisation(arg):
-    """What Triton specialises a tensor argument on: dtype and 16-byte alignment; for a TMA
-    descriptor (Hopper route) its block, layout and its base's, and row-count alignment."""
-    base = getattr(arg, "base", None)
-    if base is not None:
-        return (type(arg), base.dtype, base.data_ptr() % 16 == 0, tuple(arg.block_shape), arg.layout,
-                tuple(arg.strides), arg.shape[0] % 16 == 0)
-    return (arg.dtype, arg.data_ptr() % 16 == 0)
-
-
-def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
-    """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the second
-    call with the same key straight through the compiled kernel's own launcher (compiled[grid]).
-
-    Why: Triton's dispatcher re-derives every argument's specialisation and the cache key on each
-    call; that host time is inside the runner's timing whenever the GPU waits for the launch, and
-    in leaderboard mode (a new input per repeat) the cold host path cost 80-220 us per call on the
-    H200 (NOTES.md). The key holds everything the JIT specialises on for these arguments: each
-    tensor's dtype and 16-byte alignment, each scalar's value (strides: divisibility and the value
-    1; sm_scale is a float, not specialised), the grid, the constexprs and the launch options, and
-    the device. Triton's own path is taken for every call under the interpreter, while a launch
-    hook is installed (profilers), and on Triton versions other than the one this call convention
-    was checked on (3.6: CompiledKernel.__getitem__, which launches on the device's current queue
-    exactly as the dispatcher does)."""
-    device = tensors[0].device
-    key = (kernel, grid, device, tuple(map(_specialisation, tensors)), scalars[1:],
-           tuple(constexprs.items()), num_warps, num_stages)
-    entry = _COMPILED.get(key)
-    if entry is None or _launch_hooks_installed():
-        compiled = kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
-        if DIRECT_LAUNCH and isinstance(compiled, triton.compiler.CompiledKernel):
-            # every constexpr in signature order, defaults included, as Triton's own launch passes them
-            values = dict(keyword_defaults(kernel), **constexprs)
-            _COMPILED[key] = (compiled[(*grid, 1)],
-                              tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
-        return
-    run_compiled, constexpr_values = entry
-    run_compiled(*tensors, *scalars, *constexpr_values)
-
-
-_SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets)
-
-
-def split_workspace(batch, num_splits, device):
-    """Float32 partials and lse for every (batch row, split), two tickets per batch row. Cached per
-    shape: allocated once, the tickets zeroed once (the last split of a row resets its arrival
-    ticket; the Hopper cooperative merge's counters only grow, by num_splits per call).
-    Two calls sharing a shape must not run concurrently on the GPU (the runner's never do)."""
-    key = (batch, num_splits, device)
-    workspace = _SPLIT_WORKSPACES.get(key)
-    if workspace is None:
-        workspace = _SPLIT_WORKSPACES[key] = (
-            torch.empty(batch * num_splits, V_HEAD_DIM, NUM_HEADS, dtype=torch.float32, device=device),
-            torch.empty(batch * num_splits, NUM_HEADS, dtype=torch.float32, device=device),
-            torch.zeros(2 * batch, dtype=torch.int32, device=device),  # arrivals; cooperative counters (Hopper)
-        )
-    return workspace
+# =============================================================================================
+# Triton routes and compile plans
+# =============================================================================================
 
 
 def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, block_n=64, num_warps=8,
@@ -1088,32 +1124,31 @@ def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, blo
     q_amax = torch.linalg.vector_norm(q, float("inf"), dtype=torch.float32) if per_tensor else kv_scale
     launch(_mla_decode_fp8_kernel, (batch, num_splits),
            (q, q_amax, kv_fp8, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
-           (config["sm_scale"] * LOG2E, q.stride(0), q.stride(1), kv_fp8.stride(0), out.stride(0),
+           (SM_SCALE * LOG2E, q.stride(0), q.stride(1), kv_fp8.stride(0), out.stride(0),
             out.stride(1)),
-           {"FP8_MAX": torch.finfo(kv_fp8.dtype).max, "NUM_SPLITS": num_splits, "BLOCK_N": block_n,
+           {"FP8_MAX": FP8_MAX[kv_fp8.dtype], "NUM_SPLITS": num_splits, "BLOCK_N": block_n,
             "QK_FP8": qk_fp8, "Q_SCALE_PER_TENSOR": per_tensor},
            num_warps, num_stages)
     return out
 
 
-_QK_MODES = {False: "none", None: "none", "none": "none", True: "bf16", "bf16": "bf16", "e4m3": "e4m3"}
+QK_DOT_SCALED_MODES = ("none", "bf16", "e4m3")
 
 
 def _qk_mode(qk_dot_scaled):
-    """The kernel's QK_DOT_SCALED constexpr for the route parameter qk_dot_scaled."""
-    try:
-        return _QK_MODES[qk_dot_scaled]
-    except (KeyError, TypeError):
-        raise ValueError(f"qk_dot_scaled must be False, True, 'bf16' or 'e4m3', not {qk_dot_scaled!r}") from None
+    """The kernel's QK_DOT_SCALED constexpr: the route parameter itself, checked."""
+    if qk_dot_scaled not in QK_DOT_SCALED_MODES:
+        raise ValueError(f"qk_dot_scaled must be one of {QK_DOT_SCALED_MODES}, not {qk_dot_scaled!r}")
+    return qk_dot_scaled
 
 
 def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, block_n=64, num_warps=8,
-                       num_stages=2, qk_dot_scaled=False):
+                       num_stages=2, qk_dot_scaled="none"):
     """MLA decode reading kv_data["mxfp4"] only (306 bytes per KV token). Output (total_q, 16, 512) bf16,
     a fresh tensor. Decode: one query token per batch row (qo_indptr[b] is the row used).
 
-    qk_dot_scaled: False (default, strategy a: S and O from f16 tiles dequantised in registers),
-    "bf16" or True / "e4m3" (strategy b: S from tl.dot_scaled with a bf16 / in-kernel MXFP8 Q; GPU
+    qk_dot_scaled: "none" (default, strategy a: S and O from f16 tiles dequantised in registers),
+    "bf16" or "e4m3" (strategy b: S from tl.dot_scaled with a bf16 / in-kernel MXFP8 Q; GPU
     only, the Triton 3.6 interpreter has no dot_scaled). num_splits: KV splits per row, any >= 1,
     combined in-kernel by the last split of each row. block_n: tokens per tile (power of 2, >= 16).
     num_stages 2: with 3 the kernel spills on gfx950 (tools/kernel_report.py)."""
@@ -1126,7 +1161,7 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
     partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
     launch(_mla_decode_mxfp4_kernel, (batch, num_splits),
            (q, packed, scales, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
-           (config["sm_scale"] * LOG2E, q.stride(0), q.stride(1), packed.stride(0), scales.stride(0),
+           (SM_SCALE * LOG2E, q.stride(0), q.stride(1), packed.stride(0), scales.stride(0),
             out.stride(0), out.stride(1)),
            {"NUM_SPLITS": num_splits, "BLOCK_N": block_n, "QK_DOT_SCALED": _qk_mode(qk_dot_scaled)},
            num_warps, num_stages)
@@ -1142,19 +1177,12 @@ _FP8_KERNEL_SIGNATURE = {
 }
 
 
-def keyword_defaults(fn):
-    """The defaulted parameters of a route, or of a @triton.jit kernel (its constexprs: an
-    ahead-of-time compile must name them all)."""
-    return {name: param.default for name, param in inspect.signature(getattr(fn, "fn", fn)).parameters.items()
-            if param.default is not inspect.Parameter.empty}
-
-
 def triton_fp8_compile_plan(params, fp8_dtype):
     p = dict(keyword_defaults(triton_fp8_route), **params)
     return [{
         "kernel": _mla_decode_fp8_kernel,
         "signature": {name: kind.format(fp8=fp8_dtype) for name, kind in _FP8_KERNEL_SIGNATURE.items()},
-        "constexprs": {"FP8_MAX": 448.0 if fp8_dtype == "fp8e4nv" else 240.0,
+        "constexprs": {"FP8_MAX": FP8_MAX[TRITON_FP8_DTYPES[fp8_dtype]],
                        "NUM_SPLITS": p["num_splits"], "BLOCK_N": p["block_n"], "QK_FP8": p["qk_fp8"],
                        "Q_SCALE_PER_TENSOR": p["q_scale"] == "tensor",
                        **keyword_defaults(_mla_decode_fp8_kernel)},
@@ -1179,7 +1207,8 @@ def triton_mxfp4_compile_plan(params, fp8_dtype):
         "constexprs": {"NUM_SPLITS": p["num_splits"], "BLOCK_N": p["block_n"],
                        "QK_DOT_SCALED": _qk_mode(p["qk_dot_scaled"]), **keyword_defaults(_mla_decode_mxfp4_kernel)},
         # the scale row stride is 24, not a multiple of 16 as the JIT sees the others
-        "aligned_args": [name for name in _MXFP4_KERNEL_SIGNATURE if name not in ("sm_scale_log2", "stride_scale_token")],
+        "aligned_args": [name for name in _MXFP4_KERNEL_SIGNATURE
+                         if name not in ("sm_scale_log2", "stride_scale_token")],
         "num_warps": p["num_warps"], "num_stages": p["num_stages"],
     }]
 
@@ -1191,19 +1220,20 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
     fp8e4nv (float8_e4m3fn: MI355X, NVIDIA) or fp8e4b8 (float8_e4m3fnuz: MI300)."""
     plan = TRITON_COMPILE_PLANS.get(route)  # each plan returns its list of entries
     return [] if plan is None else plan(params, fp8_dtype)
-# ==== END TRITON ROUTES ====
 
 
-# ==== BEGIN HOPPER ROUTE ====
-# NVIDIA Hopper only (sm_90: H100, H200), written in Gluon, the explicit-layout dialect that ships
-# with Triton 3.6. Why a second kernel: P.V needs V^T, and V is stored token-major. tl.dot can only
-# get V^T into the MMA by converting the fp8 tile to f16 in registers through byte-wise transposed
-# shared-memory reads, which is what holds the portable kernel at 2.3x the byte floor on the H200
-# (NOTES.md). Here the kernel reads each fp8 V chunk from its TMA tile straight into the register
-# fragment of V^T that the fp8 wgmma takes as its A operand (4 tokens x 4 dims per thread, the
-# bytes repacked in registers), so both products are fp8 wgmma fed by TMA and nothing is copied
-# back to shared memory. Off Hopper, or where Gluon does not import, the route does not exist and
-# its table rows are skipped (each is followed by a portable row).
+# =============================================================================================
+# Hopper route (Gluon, sm_90 only)
+# NVIDIA Hopper only (H100, H200), written in Gluon, the explicit-layout dialect that ships with
+# Triton 3.6. Why a second kernel: P.V needs V^T, and V is stored token-major. tl.dot can only get
+# V^T into the MMA by converting the fp8 tile to f16 in registers through byte-wise transposed
+# shared-memory reads, which holds the portable kernel at 2.3x the byte floor on the H200 (v2-v6).
+# Here the kernel reads each fp8 V chunk from its TMA tile straight into the register fragment of
+# V^T that the fp8 wgmma takes as its A operand (4 tokens x 4 dims per thread, the bytes repacked
+# in registers), so both products are fp8 wgmma fed by TMA and nothing is copied back to shared
+# memory (h7). Off Hopper, or where Gluon does not import, the route does not exist and its table
+# rows are skipped (each is followed by a portable row).
+# =============================================================================================
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -1215,6 +1245,23 @@ except Exception:  # an older Triton, or one built without the NVIDIA Gluon dial
     HAVE_GLUON = False
 
 
+class _GluonAbsent:
+    """Stands in for gluon, gl and triton.constexpr_function where Gluon does not import: the
+    definitions below still run (decorators and annotations), nothing of them is ever compiled."""
+    constexpr = object
+
+    @staticmethod
+    def jit(fn):
+        return fn
+
+    constexpr_function = jit
+
+
+if not HAVE_GLUON:
+    gluon = gl = _GluonAbsent()
+_constexpr_function = triton.constexpr_function if HAVE_GLUON else _GluonAbsent.jit
+
+
 def _is_hopper():
     return (HAVE_GLUON and torch.version.hip is None and torch.cuda.is_available()
             and torch.cuda.get_device_capability()[0] == 9)
@@ -1223,515 +1270,407 @@ def _is_hopper():
 HOPPER = _is_hopper()
 HOPPER_CHUNK = 128  # latent dims per TMA box, V transpose and P.V product (4 per token)
 
-if HAVE_GLUON:
-    # P.V = V^T . P^T needs V^T, and V is stored token-major; fp8 wgmma takes an MN-major operand
-    # from shared memory only for 16-bit types. So V^T is the A operand IN REGISTERS: the MMA's
-    # register fragment (DotOperandLayout(0, O_MMA, 4) on 128 rows x 64 k) holds per thread 4
-    # consecutive k of a row per 32-bit register. Rows are relabelled latent dims and k relabelled
-    # tokens (the sum over tokens does not care about their order, P^T gets the same one; the
-    # output rows are relabelled back before the store), chosen so that the row bits a thread
-    # holds in registers are the lowest dims (one 32-bit load per token, 16-bit at 8 warps) and
-    # the k bits the lanes hold are token bits 1-2 (rows of distinct 128-byte swizzle phase: no
-    # bank conflicts). The loaded bytes are then repacked (4 dims of a token -> 4 tokens of a dim)
-    # in registers; nothing goes back to shared memory.
-    # _DIM_BIT[warps][i]: the latent-dim bit that row bit i is; _TOKEN_BIT[i]: the token bit k bit i is.
-    _DIM_BIT = {4: (2, 3, 4, 0, 5, 6, 1), 8: (1, 2, 3, 0, 4, 5, 6)}
-    _TOKEN_BIT = (0, 3, 1, 2, 4, 5)
 
-    @triton.constexpr_function
-    def _v_operand_load_layout(warps):
-        """(64 tokens x 128 dims) layout of a V chunk read from its TMA tile such that relabelling
-        (tokens, dims) -> (k, rows) gives the MMA's A fragment (see _DIM_BIT)."""
-        dim_bit, token_bit = _DIM_BIT[warps], _TOKEN_BIT
-        row = lambda i: [0, 1 << dim_bit[i]]  # noqa: E731  (a row bit as a (token, dim) basis)
-        k = lambda i: [1 << token_bit[i], 0]  # noqa: E731
-        row_regs = [3, 6] if warps == 4 else [3]
-        regs = [row(i) for i in sorted(row_regs, key=lambda i: dim_bit[i])] + [k(0), k(1), k(4), k(5)]
-        lanes = [k(2), k(3), row(0), row(1), row(2)]
-        warp_bases = [row(4), row(5)] + ([row(6)] if warps == 8 else [])
-        return gl.DistributedLinearLayout(regs, lanes, warp_bases, [], [64, HOPPER_CHUNK])
+# P.V = V^T . P^T needs V^T, and V is stored token-major; fp8 wgmma takes an MN-major operand
+# from shared memory only for 16-bit types. So V^T is the A operand IN REGISTERS: the MMA's
+# register fragment (DotOperandLayout(0, O_MMA, 4) on 128 rows x 64 k) holds per thread 4
+# consecutive k of a row per 32-bit register. Rows are relabelled latent dims and k relabelled
+# tokens (the sum over tokens does not care about their order, P^T gets the same one; the
+# output rows are relabelled back before the store), chosen so that the row bits a thread
+# holds in registers are the lowest dims (one 32-bit load per token, 16-bit at 8 warps) and
+# the k bits the lanes hold are token bits 1-2 (rows of distinct 128-byte swizzle phase: no
+# bank conflicts). The loaded bytes are then repacked (4 dims of a token -> 4 tokens of a dim)
+# in registers; nothing goes back to shared memory.
+# _DIM_BIT[warps][i]: the latent-dim bit that row bit i is; _TOKEN_BIT[i]: the token bit k bit i is.
+_DIM_BIT = {4: (2, 3, 4, 0, 5, 6, 1), 8: (1, 2, 3, 0, 4, 5, 6)}
+_TOKEN_BIT = (0, 3, 1, 2, 4, 5)
 
-    @triton.constexpr_function
-    def _v_operand_order(warps):
-        """gl.permute order taking (64 tokens x 128 dims) split into 13 bits (token bit j at
-        axis 5 - j, dim bit j at 12 - j) to (rows x k), most significant bit first."""
-        rows = [12 - _DIM_BIT[warps][i] for i in range(6, -1, -1)]
-        return tuple(rows + [5 - _TOKEN_BIT[i] for i in range(5, -1, -1)])
+@_constexpr_function
+def _v_operand_load_layout(warps):
+    """(64 tokens x 128 dims) layout of a V chunk read from its TMA tile such that relabelling
+    (tokens, dims) -> (k, rows) gives the MMA's A fragment (see _DIM_BIT)."""
+    dim_bit, token_bit = _DIM_BIT[warps], _TOKEN_BIT
+    row = lambda i: [0, 1 << dim_bit[i]]  # noqa: E731  (a row bit as a (token, dim) basis)
+    k = lambda i: [1 << token_bit[i], 0]  # noqa: E731
+    row_regs = [3, 6] if warps == 4 else [3]
+    regs = [row(i) for i in sorted(row_regs, key=lambda i: dim_bit[i])] + [k(0), k(1), k(4), k(5)]
+    lanes = [k(2), k(3), row(0), row(1), row(2)]
+    warp_bases = [row(4), row(5)] + ([row(6)] if warps == 8 else [])
+    return gl.DistributedLinearLayout(regs, lanes, warp_bases, [], [64, HOPPER_CHUNK])
 
-    @triton.constexpr_function
-    def _pv_token_order():
-        """gl.permute order taking (64 tokens x N) split into 6 token bits + N to (k x N)."""
-        return tuple([5 - _TOKEN_BIT[i] for i in range(5, -1, -1)] + [6])
+@_constexpr_function
+def _v_operand_order(warps):
+    """gl.permute order taking (64 tokens x 128 dims) split into 13 bits (token bit j at
+    axis 5 - j, dim bit j at 12 - j) to (rows x k), most significant bit first."""
+    rows = [12 - _DIM_BIT[warps][i] for i in range(6, -1, -1)]
+    return tuple(rows + [5 - _TOKEN_BIT[i] for i in range(5, -1, -1)])
 
-    @triton.constexpr_function
-    def _rows_to_dims_order(warps):
-        """gl.permute order taking (128 rows x N) split into 7 row bits + N to (dims x N)."""
-        rows_of_dim = {d: i for i, d in enumerate(_DIM_BIT[warps])}
-        return tuple([6 - rows_of_dim[j] for j in range(6, -1, -1)] + [7])
+@_constexpr_function
+def _pv_token_order():
+    """gl.permute order taking (64 tokens x N) split into 6 token bits + N to (k x N)."""
+    return tuple([5 - _TOKEN_BIT[i] for i in range(5, -1, -1)] + [6])
 
-    @gluon.jit
-    def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: gl.constexpr,
-                  CHUNK: gl.constexpr):
-        """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously."""
-        bits = gl.reshape(kv_chunk.load(_v_operand_load_layout(WARPS)), [2] * 13)
-        v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS).value), [CHUNK, 64])
-        v_t = gl.convert_layout(v_t, gl.DotOperandLayout(0, O_MMA, 4))
-        acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
-        return warpgroup_mma(v_t, pt_smem.permute((1, 0)), acc, is_async=True)
+@_constexpr_function
+def _rows_to_dims_order(warps):
+    """gl.permute order taking (128 rows x N) split into 7 row bits + N to (dims x N)."""
+    rows_of_dim = {d: i for i, d in enumerate(_DIM_BIT[warps])}
+    return tuple([6 - rows_of_dim[j] for j in range(6, -1, -1)] + [7])
 
-    @gluon.jit
-    def _rows_to_dims(acc, WARPS: gl.constexpr):
-        """Undo _pv_chunk's relabelling of the output rows."""
-        N: gl.constexpr = acc.shape[1]
-        return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS).value), [128, N])
+@gluon.jit
+def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: gl.constexpr,
+              CHUNK: gl.constexpr):
+    """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously."""
+    bits = gl.reshape(kv_chunk.load(_v_operand_load_layout(WARPS)), [2] * 13)
+    v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS).value), [CHUNK, 64])
+    v_t = gl.convert_layout(v_t, gl.DotOperandLayout(0, O_MMA, 4))
+    acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
+    return warpgroup_mma(v_t, pt_smem.permute((1, 0)), acc, is_async=True)
 
-    @triton.constexpr_function
-    def _output_layout(warps):
-        """(128 dims x 16 heads) layout of _hi_plus_lo(_rows_to_dims(acc)) with a thread's dims first
-        in register order, so that its 4 (2 at 8 warps) consecutive dims store as one vector."""
-        if warps == 4:
-            return gl.DistributedLinearLayout([[1, 0], [2, 0], [0, 4], [0, 8]], [[0, 1], [0, 2], [4, 0], [8, 0], [16, 0]],
-                                              [[32, 0], [64, 0]], [], [HOPPER_CHUNK, 16])
-        return gl.DistributedLinearLayout([[1, 0], [0, 4], [0, 8]], [[0, 1], [0, 2], [2, 0], [4, 0], [8, 0]],
-                                          [[16, 0], [32, 0], [64, 0]], [], [HOPPER_CHUNK, 16])
+@gluon.jit
+def _rows_to_dims(acc, WARPS: gl.constexpr):
+    """Undo _pv_chunk's relabelling of the output rows."""
+    N: gl.constexpr = acc.shape[1]
+    return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS).value), [128, N])
 
-    @gluon.jit
-    def _hi_plus_lo(acc):
-        """(dims x 2*heads) with the products of P_hi and P_lo interleaved -> (dims x heads) of P.V
-        (a thread holds both columns of a head: no data moves)."""
-        hi, lo = gl.split(gl.reshape(acc, [acc.shape[0], acc.shape[1] // 2, 2]))
-        return (hi + lo * (1.0 / 16)) * (1.0 / 256)
+@_constexpr_function
+def _output_layout(warps):
+    """(128 dims x 16 heads) layout of _hi_plus_lo(_rows_to_dims(acc)) with a thread's dims first
+    in register order, so that its 4 (2 at 8 warps) consecutive dims store as one vector."""
+    if warps == 4:
+        return gl.DistributedLinearLayout([[1, 0], [2, 0], [0, 4], [0, 8]], [[0, 1], [0, 2], [4, 0], [8, 0], [16, 0]],
+                                          [[32, 0], [64, 0]], [], [HOPPER_CHUNK, 16])
+    return gl.DistributedLinearLayout([[1, 0], [0, 4], [0, 8]], [[0, 1], [0, 2], [2, 0], [4, 0], [8, 0]],
+                                      [[16, 0], [32, 0], [64, 0]], [], [HOPPER_CHUNK, 16])
 
-    @gluon.jit
-    def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr):
-        """base[h * LATENT + d] = acc[d, h] * head_scale[h] (cast to base's type), stored from acc's
-        own layout: after _rows_to_dims a thread holds 4 consecutive dims of a head and 8 lanes
-        hold 32 consecutive dims (16-byte stores, 128-byte rows for float32), so no layout change."""
-        LAYOUT: gl.constexpr = acc.type.layout
-        dims = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, LAYOUT))
-        heads = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, LAYOUT))
-        scale = gl.expand_dims(gl.convert_layout(head_scale, gl.SliceLayout(0, LAYOUT)), 0)
-        gl.store(base + gl.expand_dims(dims, 1) + gl.expand_dims(heads, 0) * LATENT,
-                 (acc * scale).to(base.dtype.element_ty))
+@gluon.jit
+def _hi_plus_lo(acc):
+    """(dims x 2*heads) with the products of P_hi and P_lo interleaved -> (dims x heads) of P.V
+    (a thread holds both columns of a head: no data moves)."""
+    hi, lo = gl.split(gl.reshape(acc, [acc.shape[0], acc.shape[1] // 2, 2]))
+    return (hi + lo * (1.0 / 16)) * (1.0 / 256)
 
-    @triton.constexpr_function
-    def _merge_layout(splits, dims, heads, warps):
-        """(splits x dims x heads) of partials, 64 floats per thread for 128 threads: all splits in
-        each thread (the sums over splits stay in registers; spreading splits over warps cost 2x:
-        NOTES.md h9a), 64 / splits contiguous dims (at most 4: 16-byte loads; 2 at 32 splits, 1 at
-        64), lanes and warps over dims first, then heads; no element held twice."""
-        per_thread = min(4, max(1, 64 // splits))
-        dim_lanes = min(dims // per_thread, 8)
-        dim_warps = max(1, min(warps, dims // (per_thread * dim_lanes)))
-        return gl.BlockedLayout([splits, per_thread, 1], [1, dim_lanes, 32 // dim_lanes],
-                                [1, dim_warps, warps // dim_warps], [1, 2, 0])
+@gluon.jit
+def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr):
+    """base[h * LATENT + d] = acc[d, h] * head_scale[h] (cast to base's type), stored from acc's
+    own layout: after _rows_to_dims a thread holds 4 consecutive dims of a head and 8 lanes
+    hold 32 consecutive dims (16-byte stores, 128-byte rows for float32), so no layout change."""
+    LAYOUT: gl.constexpr = acc.type.layout
+    dims = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, LAYOUT))
+    heads = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, LAYOUT))
+    scale = gl.expand_dims(gl.convert_layout(head_scale, gl.SliceLayout(0, LAYOUT)), 0)
+    gl.store(base + gl.expand_dims(dims, 1) + gl.expand_dims(heads, 0) * LATENT,
+             (acc * scale).to(base.dtype.element_ty))
 
-    @gluon.jit
-    def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scale, WARPS: gl.constexpr,
-                     NUM_SPLITS: gl.constexpr, SLICE: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
-        """Latent dims [dim_begin, dim_begin + SLICE) of the output row: the splits' partials weighted
-        by their lse. All splits' lse and partial slices are read at once (one memory latency, 64
-        floats per thread at 4 warps when SLICE = 512 / next_power_of_2(NUM_SPLITS)); each thread
-        holds every split of its elements, so the sums over splits stay in registers."""
-        LAYOUT: gl.constexpr = _merge_layout(triton.next_power_of_2(NUM_SPLITS), SLICE, NUM_HEADS, WARPS)
-        splits = gl.arange(0, triton.next_power_of_2(NUM_SPLITS), layout=gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT)))
-        dims = gl.arange(0, SLICE, layout=gl.SliceLayout(0, gl.SliceLayout(2, LAYOUT)))
-        heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
-        splits = gl.expand_dims(gl.expand_dims(splits, 1), 2)
-        dims = gl.expand_dims(gl.expand_dims(dims, 0), 2)
-        heads = gl.expand_dims(gl.expand_dims(heads, 0), 1)
-        present = splits < NUM_SPLITS
-        lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=present, other=float("-inf"),
-                      cache_modifier=".cg")
-        partial = gl.load(PARTIAL_O + (first_slot + splits) * (LATENT * NUM_HEADS) + heads * LATENT + dim_begin + dims,
-                          mask=present, other=0.0, cache_modifier=".cg")
-        weight = gl.exp2(lse - gl.expand_dims(gl.max(lse, 0), 0))
-        merged = gl.sum(partial * weight, 0) * (kv_scale / gl.sum(weight, 0))  # (dims x heads)
-        out_dims = gl.arange(0, SLICE, layout=gl.SliceLayout(1, gl.SliceLayout(0, LAYOUT)))
-        out_heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, gl.SliceLayout(0, LAYOUT)))
-        gl.store(out_row + dim_begin + gl.expand_dims(out_dims, 1) + gl.expand_dims(out_heads, 0) * LATENT,
-                 merged.to(out_row.dtype.element_ty))
+@_constexpr_function
+def _merge_layout(splits, dims, heads, warps):
+    """(splits x dims x heads) of partials, 64 floats per thread for 128 threads: all splits in
+    each thread (the sums over splits stay in registers; spreading splits over warps cost 2x:
+    NOTES.md h9a), 64 / splits contiguous dims (at most 4: 16-byte loads; 2 at 32 splits, 1 at
+    64), lanes and warps over dims first, then heads; no element held twice."""
+    per_thread = min(4, max(1, 64 // splits))
+    dim_lanes = min(dims // per_thread, 8)
+    dim_warps = max(1, min(warps, dims // (per_thread * dim_lanes)))
+    return gl.BlockedLayout([splits, per_thread, 1], [1, dim_lanes, 32 // dim_lanes],
+                            [1, dim_warps, warps // dim_warps], [1, 2, 0])
 
-    @gluon.jit
-    def _mla_decode_fp8_hopper_kernel(
-        Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
-        BLOCK_SCALES, sm_scale_log2, stride_q_token, stride_o_token, stride_scales,
-        FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-        COOPERATIVE_MERGE: gl.constexpr = False, KV_MXFP4: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16,
-        LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    ):
-        """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
-        _mla_decode_fp8_kernel (same partials, lse and tickets; same results within rounding).
-
-        Tile plan: one program = one batch row x one KV split, all 16 heads, WARPS = 4 or 8.
-        Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
-        fp8 bytes, loaded by TMA (4 boxes of 128 latent dims + 1 of 64 rope dims) into a ring of
-        STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed.
-        Per tile:  S^T (64 x 16) = sum of 5 fp8 wgmma over the boxes with Q^T (quantised once per
-        program, per-program amax scale, kept in shared memory);  online softmax in float32, base 2;
-        P^T in fp8 as hi + lo/16 of 256 P (256 keeps small probabilities normal; hi + lo keeps
-        about 7 bits, bf16-like) -> one (32 x 64) K-major fp8 tile;  for each 128-dim chunk of V:
-        read from the ring slot straight into the MMA's register fragment of V_c^T (bytes repacked
-        in registers, see _pv_chunk), acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T, two chunks in
-        flight. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB of P: STAGES 2 fits two
-        programs per SM (about 235 registers per thread at 4 warps, no spills).
-        NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split; the last split of the row
-        merges them, or with COOPERATIVE_MERGE (only when the whole grid is resident at once) every
-        split waits for the row's last and merges 512 / NUM_SPLITS of the dims.
-        KV_MXFP4: the ring holds the MXFP4 cache instead (64 tokens x 288 packed bytes: 4 boxes of
-        64 bytes + 1 of 32; the block scales, 18 bytes per token, are read from BLOCK_SCALES one
-        tile ahead into registers), and each tile is decoded into one fp8 tile of the fp8 layout
-        (_decode_mxfp4_tile: exact, e2m1 x 2^(block exponent - shift) fits e4m3) that the rest of
-        the tile reads as above. KV_SCALE is then the fp8 cache's per-tensor scale, used only as a
-        range hint: shift puts the cache's largest block at the top of e4m3's range.
-        Bytes: 576 per KV token (306 with KV_MXFP4) read once (tokens past the split are read but masked: p = 0;
-        past the cache TMA reads zeros); q; out; per split a 32 KiB float32 partial."""
-        NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
-        gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
-        batch = gl.program_id(0)
-        split = gl.program_id(1)
-        ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
-        # Every global read the prologue needs is issued before any of them is used: the scale, the
-        # indptrs and q. Decode has one query row per batch row (qo_indptr = arange), so q is read
-        # at row `batch` before qo_indptr answers and again only if it says otherwise: the prologue
-        # waits for one memory latency instead of three (measured: 3.3-7 us per program before).
-        if KV_MXFP4:
-            shift = _mxfp4_exponent_shift(gl.load(KV_SCALE) * FP8_MAX)
-            kv_scale = _power_of_two(shift + 127)
-        else:
-            kv_scale = gl.load(KV_SCALE)
-        q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
-        q_row = gl.load(QO_INDPTR + batch)
-        kv_begin, kv_end = _split_range(KV_INDPTR, batch, split, NUM_SPLITS, BLOCK_N)
-        num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
-
-        S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                                         instr_shape=[16, NUM_HEADS // (WARPS // 4), 32])
-        O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                         instr_shape=[16, 2 * NUM_HEADS, 32])
-
-        if KV_MXFP4:  # packed ring (int32 words: 8 e2m1 values each) + one decoded fp8 tile
-            ring_latent = gl.allocate_shared_memory(gl.int32, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK // 8],
-                                                    lat_desc.layout)
-            ring_rope = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, ROPE // 8], rope_desc.layout)
-            kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CHUNKS, BLOCK_N, CHUNK],
-                                                  gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], gl.float8e4nv))
-            kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [1, BLOCK_N, ROPE],
-                                                gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], gl.float8e4nv))
-            TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) // 2
-            BOX_COLUMNS: gl.constexpr = CHUNK // 8  # TMA coordinates are in int32 words
-            ROPE_COLUMN: gl.constexpr = LATENT // 8
-        else:  # the ring is read by the MMAs directly
-            kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
-                                                  lat_desc.layout)
-            kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
-            ring_latent = kv_latent
-            ring_rope = kv_rope
-            TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE)
-            BOX_COLUMNS: gl.constexpr = CHUNK
-            ROPE_COLUMN: gl.constexpr = LATENT
-        loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for ring_slot in gl.static_range(STAGES):
-            mbarrier.init(loaded.index(ring_slot), count=1)
-        q_latent = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CHUNKS, NUM_HEADS, CHUNK],
-                                             gl.NVMMASharedLayout.get_default_for([NUM_HEADS, CHUNK], gl.float8e4nv))
-        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_HEADS, ROPE],
-                                           gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], gl.float8e4nv))
-        pt_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * NUM_HEADS, BLOCK_N],
-                                            gl.NVMMASharedLayout.get_default_for([2 * NUM_HEADS, BLOCK_N], gl.float8e4nv))
-
-        # Start the first STAGES - 1 tile loads, then quantise q while they fly.
-        for t in gl.static_range(STAGES - 1):
-            _load_tile(lat_desc, rope_desc, ring_latent, ring_rope, loaded.index(t), t, kv_begin + t * BLOCK_N,
-                       t < num_tiles, TILE_BYTES, NUM_CHUNKS, BOX_COLUMNS, ROPE_COLUMN)
-        if q_row != batch:
-            q0, q1, q2, q3, qr = _load_q(Q, q_row, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
-        # amax: the chunks' elementwise max first, so that one reduction crosses the warps (five
-        # cost ten more barriers); then one reciprocal instead of 72 divisions per thread
-        latent_amax = gl.max(gl.maximum(gl.maximum(gl.abs(q0), gl.abs(q1)), gl.maximum(gl.abs(q2), gl.abs(q3))), 1)
-        amax = gl.maximum(gl.max(gl.maximum(latent_amax, gl.max(gl.abs(qr), 1)), 0), 1e-12)
-        q_scale = amax / FP8_MAX
-        q_inverse = FP8_MAX / amax
-        q_latent.index(0).store((q0 * q_inverse).to(gl.float8e4nv))
-        q_latent.index(1).store((q1 * q_inverse).to(gl.float8e4nv))
-        q_latent.index(2).store((q2 * q_inverse).to(gl.float8e4nv))
-        q_latent.index(3).store((q3 * q_inverse).to(gl.float8e4nv))
-        q_rope.store((qr * q_inverse).to(gl.float8e4nv))
-        fence_async_shared()
-        score_scale = sm_scale_log2 * kv_scale * q_scale
-
-        running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))
-        # (tokens x heads) sums of p, reduced over tokens once after the loop: a per-tile reduction
-        # over tokens crosses the 4 warps (shared memory and a barrier); the max still must
-        row_sums = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
-        acc0 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
-        acc1 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
-        acc2 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
-        acc3 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
-        tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
-        no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
-        if KV_MXFP4:
-            next_scales = _load_block_scales(BLOCK_SCALES, stride_scales, kv_begin, kv_end, WARPS, BLOCK_N)
-        for i in range(num_tiles):
-            gl.thread_barrier()  # every warp is done with the slot the next load overwrites
-            ahead = i + STAGES - 1
-            _load_tile(lat_desc, rope_desc, ring_latent, ring_rope, loaded.index(ahead % STAGES), ahead % STAGES,
-                       kv_begin + ahead * BLOCK_N, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, BOX_COLUMNS, ROPE_COLUMN)
-            slot = i % STAGES
-            if KV_MXFP4:
-                tile_scales = next_scales
-                next_scales = _load_block_scales(BLOCK_SCALES, stride_scales, kv_begin + (i + 1) * BLOCK_N, kv_end,
-                                                 WARPS, BLOCK_N)
-            mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)
-            if KV_MXFP4:
-                _decode_mxfp4_tile(ring_latent, ring_rope, slot, tile_scales, shift, kv_latent, kv_rope, WARPS,
-                                   NUM_CHUNKS)
-                fence_async_shared()
-                gl.thread_barrier()  # the whole fp8 tile is written before the MMAs read it
-                slot = 0
-            first = slot * NUM_CHUNKS
-            scores = warpgroup_mma_wait(0, deps=(_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores,
-                                                               NUM_CHUNKS),))
-
-            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end
-            scores = gl.where(gl.expand_dims(valid, 1), scores * score_scale, float("-inf"))
-            new_max = gl.maximum(running_max, gl.max(scores, 0))
-            correction = gl.exp2(running_max - new_max)
-            probs = gl.exp2(scores - gl.expand_dims(new_max, 0))
-            row_sums = row_sums * gl.expand_dims(correction, 0) + probs
-            running_max = new_max
-            p_scaled = probs * 256.0
-            p_hi = p_scaled.to(gl.float8e4nv)
-            p_lo = ((p_scaled - p_hi.to(gl.float32)) * 16.0).to(gl.float8e4nv)
-            p_both = gl.reshape(gl.join(p_hi, p_lo), [BLOCK_N, 2 * NUM_HEADS])  # column 2h + (0 hi, 1 lo)
-            correction2 = gl.reshape(gl.join(correction, correction), [2 * NUM_HEADS])
-            p_bits = gl.reshape(p_both, [2] * 6 + [2 * NUM_HEADS])
-            pt_smem.store(gl.permute(gl.reshape(gl.permute(p_bits, _pv_token_order().value), [BLOCK_N, 2 * NUM_HEADS]),
-                                     (1, 0)))
-            fence_async_shared()
-            gl.thread_barrier()
-            # two products in flight: chunk c's MMA runs while chunk c + 1 is read and repacked
-            acc0 = _pv_chunk(kv_latent.index(first), pt_smem, acc0, correction2, WARPS, O_MMA, CHUNK)
-            acc1 = _pv_chunk(kv_latent.index(first + 1), pt_smem, acc1, correction2, WARPS, O_MMA, CHUNK)
-            acc0 = warpgroup_mma_wait(1, deps=(acc0,))
-            acc2 = _pv_chunk(kv_latent.index(first + 2), pt_smem, acc2, correction2, WARPS, O_MMA, CHUNK)
-            acc1 = warpgroup_mma_wait(1, deps=(acc1,))
-            acc3 = _pv_chunk(kv_latent.index(first + 3), pt_smem, acc3, correction2, WARPS, O_MMA, CHUNK)
-            acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))
-        for ring_slot in gl.static_range(STAGES):
-            mbarrier.invalidate(loaded.index(ring_slot))
-
-        running_sum = gl.sum(row_sums, 0)
-        out0 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc0, WARPS)), _output_layout(WARPS))
-        out1 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc1, WARPS)), _output_layout(WARPS))
-        out2 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc2, WARPS)), _output_layout(WARPS))
-        out3 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc3, WARPS)), _output_layout(WARPS))
-        out_row = OUT + q_row * stride_o_token
-        if NUM_SPLITS == 1:  # the output row (bf16)
-            dest = out_row
-            head_scale = kv_scale / running_sum
-        else:  # this split's float32 partial, (heads x dims) like the output
-            # An empty split (row shorter than the split grid) has sum 0: partial 0, lse -inf (weight 0).
-            has_tokens = running_sum > 0
-            safe_sum = gl.where(has_tokens, running_sum, 1.0)
-            lse = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf"))
-            slot_id = batch * NUM_SPLITS + split
-            dest = PARTIAL_O + slot_id * LATENT * NUM_HEADS
-            head_scale = 1.0 / safe_sum
-        _store_chunk(out0, dest, head_scale, LATENT)
-        _store_chunk(out1, dest + CHUNK, head_scale, LATENT)
-        _store_chunk(out2, dest + 2 * CHUNK, head_scale, LATENT)
-        _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT)
-        if NUM_SPLITS > 1:
-            gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, S_MMA)), lse)
-            gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-            SLICE: gl.constexpr = LATENT // triton.next_power_of_2(NUM_SPLITS)
-            if COOPERATIVE_MERGE:
-                # Every split of the row is resident (the host checked the grid fits the GPU at once),
-                # so all wait for the last and then each merges 1/NUM_SPLITS of the dims: the merge's
-                # reads spread over NUM_SPLITS SMs instead of one (one SM reading 32 partials of 32 KiB
-                # took 13 us at bs=4/kv=8192). The row's counter (second half of the tickets) is never
-                # reset: each call adds NUM_SPLITS, so this call's last ticket is the next multiple of
-                # NUM_SPLITS above the one drawn (a power of two: the mask and the signed difference
-                # stay right when the counter wraps). No departure count, no reset on the way out.
-                counter = SPLIT_TICKETS + gl.num_programs(0) + batch
-                drawn = gl.atomic_add(counter, 1, sem="acq_rel")
-                last_ticket = (drawn & (-NUM_SPLITS)) + NUM_SPLITS
-                seen = drawn + 1
-                while seen - last_ticket < 0:
-                    seen = gl.atomic_add(counter, 0, sem="acquire")
-                _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, split * SLICE, kv_scale, WARPS,
-                             NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
-            elif gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
-                # the last split of the row merges it all and resets the row's ticket
-                for dim_begin in range(0, LATENT, SLICE):
-                    _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, dim_begin, kv_scale, WARPS,
-                                 NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
-                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
-
-    @gluon.jit
-    def _load_q(Q, row, stride_q_token, ROWS: gl.constexpr, NUM_HEADS: gl.constexpr, CHUNK: gl.constexpr,
-                LATENT: gl.constexpr, ROPE: gl.constexpr):
-        """q[row] (16 heads x 576, bf16 -> float32) as four 128-dim chunks and the rope part."""
-        heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(1, ROWS))
-        q_base = Q + row * stride_q_token + gl.expand_dims(heads, 1) * (LATENT + ROPE)
-        q_dims = gl.expand_dims(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ROWS)), 0)
-        rope_dims = gl.expand_dims(gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROWS)), 0)
-        return (gl.load(q_base + q_dims).to(gl.float32), gl.load(q_base + CHUNK + q_dims).to(gl.float32),
-                gl.load(q_base + 2 * CHUNK + q_dims).to(gl.float32),
-                gl.load(q_base + 3 * CHUNK + q_dims).to(gl.float32),
-                gl.load(q_base + LATENT + rope_dims).to(gl.float32))
-
-    @gluon.jit
-    def _issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores, NUM_CHUNKS: gl.constexpr):
-        """S^T of the tile in ring slot `slot`: 5 fp8 wgmma (4 latent boxes + rope) with Q^T, issued
-        asynchronously (the caller waits)."""
-        first = slot * NUM_CHUNKS
-        scores = warpgroup_mma(kv_latent.index(first), q_latent.index(0).permute((1, 0)), no_scores,
-                               use_acc=False, is_async=True)
-        for c in gl.static_range(1, NUM_CHUNKS):
-            scores = warpgroup_mma(kv_latent.index(first + c), q_latent.index(c).permute((1, 0)), scores,
-                                   is_async=True)
-        return warpgroup_mma(kv_rope.index(slot), q_rope.permute((1, 0)), scores, is_async=True)
-
-    # e2m1 -> e4m3, 8 values at a time. An MXFP4 block is 32 e2m1 codes (0, 0.5, 1, 1.5, 2, 3, 4, 6 and
-    # a sign bit) times 2^k; every value of a block with -8 <= k - shift <= 6 is an e4m3 number, so
-    # the decode is exact: per block, the 8 magnitudes x 2^(k - shift) as e4m3 bytes (two 32-bit
-    # registers, converted once with the hardware's satfinite rounding); per 32-bit word of packed
-    # codes (8 values, the even index in the low nibble), a byte-permute looks each magnitude up
-    # (prmt: 4 selector nibbles pick 4 of the 8 table bytes) and the sign bit is put back (the
-    # permute's sign-replicate mode, a shift and a three-input OR): 12 instructions per 8 values.
-    _E2M1_TABLE_ASM = gl.constexpr("""{
-    .reg .b16 q0, q1, q2, q3;
-    .reg .f32 z, h, x15, x2, x3, x4, x6;
-    mov.f32 z, 0f00000000;
-    mul.f32 h, $2, 0f3F000000;
-    mul.f32 x15, $2, 0f3FC00000;
-    mul.f32 x2, $2, 0f40000000;
-    mul.f32 x3, $2, 0f40400000;
-    mul.f32 x4, $2, 0f40800000;
-    mul.f32 x6, $2, 0f40C00000;
-    cvt.rn.satfinite.e4m3x2.f32 q0, h, z;
-    cvt.rn.satfinite.e4m3x2.f32 q1, x15, $2;
-    cvt.rn.satfinite.e4m3x2.f32 q2, x3, x2;
-    cvt.rn.satfinite.e4m3x2.f32 q3, x6, x4;
-    mov.b32 $0, {q0, q1};
-    mov.b32 $1, {q2, q3};
-    }""")
-    _E2M1_DECODE_ASM = gl.constexpr("""{
-    .reg .b32 sel, mag, sgn, upper, k80;
-    mov.b32 k80, 0x80808080;
-    and.b32 sel, $2, 0x7777;
-    prmt.b32 mag, $3, $4, sel;
-    prmt.b32 sgn, k80, k80, $2;
-    shl.b32 sgn, sgn, 1;
-    lop3.b32 $0, mag, sgn, k80, 0xF8;
-    shr.u32 upper, $2, 16;
-    and.b32 sel, upper, 0x7777;
-    prmt.b32 mag, $3, $4, sel;
-    prmt.b32 sgn, k80, k80, upper;
-    shl.b32 sgn, sgn, 1;
-    lop3.b32 $1, mag, sgn, k80, 0xF8;
-    }""")
-
-    @triton.constexpr_function
-    def _packed_words_layout(blocks, warps):
-        """(64 tokens x blocks x 4 words) of packed codes: a thread holds one block (4 words, one
-        16-byte shared-memory read); 8 lanes read 128 contiguous bytes (two 64-byte rows of a box)."""
-        lanes_over_blocks = min(blocks, 4)
-        return gl.BlockedLayout([1, 1, 4], [32 // lanes_over_blocks, lanes_over_blocks, 1], [warps, 1, 1], [2, 1, 0])
-
-    @triton.constexpr_function
-    def _fp8_tile_as_words(row_bytes):
-        """The shared layout of an fp8 MMA tile (rows of row_bytes) seen as int32 words: the same
-        bytes (NVMMA swizzling moves 16-byte units, whatever the element size)."""
-        return gl.NVMMASharedLayout(min(128, row_bytes), 32)
-
-    @gluon.jit
-    def _mxfp4_exponent_shift(amax):
-        """shift such that e2m1 x 2^(k - shift) <= 6 x 2^6 < 448 for every block exponent k of a cache
-        whose largest |value| is amax (k <= floor(log2(amax)): the quantiser's k = floor(log2(block
-        amax rounded up)) - 2)."""
-        return ((amax.to(gl.int32, bitcast=True) >> 23) & 255) - 127 - 6
-
-    @gluon.jit
-    def _power_of_two(biased_exponent):
-        """2^(biased_exponent - 127) as float32, the exponent clamped to the normal range [1, 254]."""
-        return (gl.minimum(gl.maximum(biased_exponent, 1), 254) << 23).to(gl.float32, bitcast=True)
-
-    @gluon.jit
-    def _load_block_scales(BLOCK_SCALES, stride_scales, token, kv_end, WARPS: gl.constexpr, BLOCK_N: gl.constexpr):
-        """The e8m0 block scales of tokens [token, token + 64) (0 past kv_end), in the layouts the
-        decode of each box needs: four (tokens x 4 blocks) latent boxes and one (tokens x 2) rope box."""
-        LATENT_LAYOUT: gl.constexpr = gl.SliceLayout(2, _packed_words_layout(4, WARPS))
-        ROPE_LAYOUT: gl.constexpr = gl.SliceLayout(2, _packed_words_layout(2, WARPS))
-        rows = token + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LATENT_LAYOUT))
-        blocks = gl.arange(0, 4, layout=gl.SliceLayout(0, LATENT_LAYOUT))
-        base = BLOCK_SCALES + gl.expand_dims(rows, 1) * stride_scales + gl.expand_dims(blocks, 0)
-        present = gl.expand_dims(rows < kv_end, 1)
-        s0 = gl.load(base, mask=present, other=0)
-        s1 = gl.load(base + 4, mask=present, other=0)
-        s2 = gl.load(base + 8, mask=present, other=0)
-        s3 = gl.load(base + 12, mask=present, other=0)
-        rope_rows = token + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROPE_LAYOUT))
-        rope_blocks = gl.arange(0, 2, layout=gl.SliceLayout(0, ROPE_LAYOUT))
-        sr = gl.load(BLOCK_SCALES + gl.expand_dims(rope_rows, 1) * stride_scales + 16 + gl.expand_dims(rope_blocks, 0),
-                     mask=gl.expand_dims(rope_rows < kv_end, 1), other=0)
-        return s0, s1, s2, s3, sr
-
-    @gluon.jit
-    def _decode_box(packed, block_scales, shift, dest, WARPS: gl.constexpr):
-        """dest (tokens x 32 * blocks fp8) = the box packed (tokens x 4 * blocks int32 words) decoded with
-        its (tokens x blocks) e8m0 scales, in the natural order of the values."""
-        TOKENS: gl.constexpr = packed.shape[0]
-        BLOCKS: gl.constexpr = packed.shape[1] // 4
-        words = packed._reinterpret(gl.int32, [TOKENS, BLOCKS, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])).load(
-            _packed_words_layout(BLOCKS, WARPS))
-        table_low, table_high = gl.inline_asm_elementwise(
-            _E2M1_TABLE_ASM, "=r,=r,r", [_power_of_two(block_scales.to(gl.int32) - shift)],
-            dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-        table_low, _ = gl.broadcast(gl.expand_dims(table_low, 2), words)
-        table_high, _ = gl.broadcast(gl.expand_dims(table_high, 2), words)
-        low, high = gl.inline_asm_elementwise(_E2M1_DECODE_ASM, "=r,=r,r,r,r", [words, table_low, table_high],
-                                              dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-        fp8_words = gl.reshape(gl.join(low, high), [TOKENS, BLOCKS * 8])
-        dest._reinterpret(gl.int32, [TOKENS, BLOCKS * 8], _fp8_tile_as_words(BLOCKS * 32)).store(fp8_words)
-
-    @gluon.jit
-    def _decode_mxfp4_tile(ring_latent, ring_rope, slot, scales, shift, kv_latent, kv_rope, WARPS: gl.constexpr,
-                           NUM_CHUNKS: gl.constexpr):
-        """The packed tile in ring slot `slot` -> the fp8 tile (kv_latent's 4 chunks, kv_rope)."""
-        s0, s1, s2, s3, sr = scales
-        _decode_box(ring_latent.index(slot * NUM_CHUNKS), s0, shift, kv_latent.index(0), WARPS)
-        _decode_box(ring_latent.index(slot * NUM_CHUNKS + 1), s1, shift, kv_latent.index(1), WARPS)
-        _decode_box(ring_latent.index(slot * NUM_CHUNKS + 2), s2, shift, kv_latent.index(2), WARPS)
-        _decode_box(ring_latent.index(slot * NUM_CHUNKS + 3), s3, shift, kv_latent.index(3), WARPS)
-        _decode_box(ring_rope.index(slot), sr, shift, kv_rope.index(0), WARPS)
-
-    @gluon.jit
-    def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pred, TILE_BYTES: gl.constexpr,
-                   NUM_CHUNKS: gl.constexpr, BOX_COLUMNS: gl.constexpr, ROPE_COLUMN: gl.constexpr):
-        """TMA: tokens [token, token + 64) of the cache into ring slot `slot` (skipped when not pred)."""
-        mbarrier.expect(barrier, TILE_BYTES, pred=pred)
-        for c in gl.static_range(NUM_CHUNKS):
-            tma.async_copy_global_to_shared(lat_desc, [token, c * BOX_COLUMNS], barrier,
-                                            kv_latent.index(slot * NUM_CHUNKS + c), pred=pred)
-        tma.async_copy_global_to_shared(rope_desc, [token, ROPE_COLUMN], barrier, kv_rope.index(slot), pred=pred)
+@gluon.jit
+def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scale, WARPS: gl.constexpr,
+                 NUM_SPLITS: gl.constexpr, SLICE: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
+    """Latent dims [dim_begin, dim_begin + SLICE) of the output row: the splits' partials weighted
+    by their lse. All splits' lse and partial slices are read at once (one memory latency, 64
+    floats per thread at 4 warps when SLICE = 512 / next_power_of_2(NUM_SPLITS)); each thread
+    holds every split of its elements, so the sums over splits stay in registers."""
+    LAYOUT: gl.constexpr = _merge_layout(triton.next_power_of_2(NUM_SPLITS), SLICE, NUM_HEADS, WARPS)
+    splits = gl.arange(0, triton.next_power_of_2(NUM_SPLITS), layout=gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT)))
+    dims = gl.arange(0, SLICE, layout=gl.SliceLayout(0, gl.SliceLayout(2, LAYOUT)))
+    heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT)))
+    splits = gl.expand_dims(gl.expand_dims(splits, 1), 2)
+    dims = gl.expand_dims(gl.expand_dims(dims, 0), 2)
+    heads = gl.expand_dims(gl.expand_dims(heads, 0), 1)
+    present = splits < NUM_SPLITS
+    lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=present, other=float("-inf"),
+                  cache_modifier=".cg")
+    partial = gl.load(PARTIAL_O + (first_slot + splits) * (LATENT * NUM_HEADS) + heads * LATENT + dim_begin + dims,
+                      mask=present, other=0.0, cache_modifier=".cg")
+    weight = gl.exp2(lse - gl.expand_dims(gl.max(lse, 0), 0))
+    merged = gl.sum(partial * weight, 0) * (kv_scale / gl.sum(weight, 0))  # (dims x heads)
+    out_dims = gl.arange(0, SLICE, layout=gl.SliceLayout(1, gl.SliceLayout(0, LAYOUT)))
+    out_heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, gl.SliceLayout(0, LAYOUT)))
+    gl.store(out_row + dim_begin + gl.expand_dims(out_dims, 1) + gl.expand_dims(out_heads, 0) * LATENT,
+             merged.to(out_row.dtype.element_ty))
 
 
-def hopper_layouts(kv_format="fp8"):
-    """Shared layouts of the two TMA boxes: (64 tokens x 128 latent dims), (64 tokens x 64 rope dims);
-    for "mxfp4" the same dims packed (int32 words of 8 codes), unswizzled: the decode reads them
-    with plain 16-byte loads, 8 lanes over 128 contiguous bytes."""
-    if kv_format == "mxfp4":
-        return gl.NVMMASharedLayout(0, 32), gl.NVMMASharedLayout(0, 32)
+@gluon.jit
+def _load_q(Q, row, stride_q_token, ROWS: gl.constexpr, NUM_HEADS: gl.constexpr, CHUNK: gl.constexpr,
+            LATENT: gl.constexpr, ROPE: gl.constexpr):
+    """q[row] (16 heads x 576, bf16 -> float32) as four 128-dim chunks and the rope part."""
+    heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(1, ROWS))
+    q_base = Q + row * stride_q_token + gl.expand_dims(heads, 1) * (LATENT + ROPE)
+    q_dims = gl.expand_dims(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ROWS)), 0)
+    rope_dims = gl.expand_dims(gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROWS)), 0)
+    return (gl.load(q_base + q_dims).to(gl.float32), gl.load(q_base + CHUNK + q_dims).to(gl.float32),
+            gl.load(q_base + 2 * CHUNK + q_dims).to(gl.float32),
+            gl.load(q_base + 3 * CHUNK + q_dims).to(gl.float32),
+            gl.load(q_base + LATENT + rope_dims).to(gl.float32))
+
+@gluon.jit
+def _issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores, NUM_CHUNKS: gl.constexpr):
+    """S^T of the tile in ring slot `slot`: 5 fp8 wgmma (4 latent boxes + rope) with Q^T, issued
+    asynchronously (the caller waits)."""
+    first = slot * NUM_CHUNKS
+    scores = warpgroup_mma(kv_latent.index(first), q_latent.index(0).permute((1, 0)), no_scores,
+                           use_acc=False, is_async=True)
+    for c in gl.static_range(1, NUM_CHUNKS):
+        scores = warpgroup_mma(kv_latent.index(first + c), q_latent.index(c).permute((1, 0)), scores,
+                               is_async=True)
+    return warpgroup_mma(kv_rope.index(slot), q_rope.permute((1, 0)), scores, is_async=True)
+
+
+@gluon.jit
+def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pred, TILE_BYTES: gl.constexpr,
+               NUM_CHUNKS: gl.constexpr, CHUNK: gl.constexpr, LATENT: gl.constexpr):
+    """TMA: tokens [token, token + 64) of the cache (NUM_CHUNKS latent boxes and the rope box) into
+    ring slot `slot`, completing on `barrier` (skipped when not pred)."""
+    mbarrier.expect(barrier, TILE_BYTES, pred=pred)
+    for c in gl.static_range(NUM_CHUNKS):
+        tma.async_copy_global_to_shared(lat_desc, [token, c * CHUNK], barrier,
+                                        kv_latent.index(slot * NUM_CHUNKS + c), pred=pred)
+    tma.async_copy_global_to_shared(rope_desc, [token, LATENT], barrier, kv_rope.index(slot), pred=pred)
+
+
+@gluon.jit
+def _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX: gl.constexpr):
+    """Q^T in fp8 into shared memory, scaled by the program's own amax; returns that scale.
+    The chunks' elementwise max comes first so that one reduction crosses the warps (each
+    cross-warp reduction costs barriers: h14), and one reciprocal replaces 72 divisions per thread."""
+    latent_amax = gl.max(gl.maximum(gl.maximum(gl.abs(q0), gl.abs(q1)), gl.maximum(gl.abs(q2), gl.abs(q3))), 1)
+    amax = gl.maximum(gl.max(gl.maximum(latent_amax, gl.max(gl.abs(qr), 1)), 0), 1e-12)
+    q_inverse = FP8_MAX / amax
+    q_latent.index(0).store((q0 * q_inverse).to(gl.float8e4nv))
+    q_latent.index(1).store((q1 * q_inverse).to(gl.float8e4nv))
+    q_latent.index(2).store((q2 * q_inverse).to(gl.float8e4nv))
+    q_latent.index(3).store((q3 * q_inverse).to(gl.float8e4nv))
+    q_rope.store((qr * q_inverse).to(gl.float8e4nv))
+    fence_async_shared()
+    return amax / FP8_MAX
+
+
+@gluon.jit
+def _online_softmax(scores, valid, score_scale, running_max, row_sums):
+    """One tile's step of the online softmax (float32, base 2): the tile's probabilities, the
+    factor that rescales the earlier terms, the new running max and the (tokens x heads) sums. The
+    sums are reduced over tokens once after the loop: a per-tile reduction over tokens crosses the
+    warps (shared memory and a barrier); the max still must (h8)."""
+    scores = gl.where(gl.expand_dims(valid, 1), scores * score_scale, float("-inf"))
+    new_max = gl.maximum(running_max, gl.max(scores, 0))
+    correction = gl.exp2(running_max - new_max)
+    probs = gl.exp2(scores - gl.expand_dims(new_max, 0))
+    row_sums = row_sums * gl.expand_dims(correction, 0) + probs
+    return probs, correction, new_max, row_sums
+
+
+@gluon.jit
+def _store_probs(probs, correction, pt_smem, BLOCK_N: gl.constexpr, NUM_HEADS: gl.constexpr):
+    """P^T into shared memory as one (2 heads x tokens) fp8 tile, column 2h + (0: hi, 1: lo) with
+    hi + lo / 16 = 256 P (256 keeps small probabilities normal; hi + lo keeps about 7 bits, like
+    bf16), tokens in the order _pv_chunk relabels V's; returns the correction per column."""
+    p_scaled = probs * 256.0
+    p_hi = p_scaled.to(gl.float8e4nv)
+    p_lo = ((p_scaled - p_hi.to(gl.float32)) * 16.0).to(gl.float8e4nv)
+    p_both = gl.reshape(gl.join(p_hi, p_lo), [BLOCK_N, 2 * NUM_HEADS])
+    p_bits = gl.reshape(p_both, [2] * 6 + [2 * NUM_HEADS])
+    pt_smem.store(gl.permute(gl.reshape(gl.permute(p_bits, _pv_token_order().value), [BLOCK_N, 2 * NUM_HEADS]),
+                             (1, 0)))
+    fence_async_shared()
+    gl.thread_barrier()
+    return gl.reshape(gl.join(correction, correction), [2 * NUM_HEADS])
+
+
+@gluon.jit
+def _pv_tile(kv_latent, first, pt_smem, acc0, acc1, acc2, acc3, correction2, WARPS: gl.constexpr,
+             O_MMA: gl.constexpr, CHUNK: gl.constexpr):
+    """acc_c = acc_c * correction + V_c^T . P^T for the four latent chunks of the tile whose first
+    box is kv_latent[first]; two products in flight: chunk c's MMA runs while chunk c + 1 is read
+    and repacked."""
+    acc0 = _pv_chunk(kv_latent.index(first), pt_smem, acc0, correction2, WARPS, O_MMA, CHUNK)
+    acc1 = _pv_chunk(kv_latent.index(first + 1), pt_smem, acc1, correction2, WARPS, O_MMA, CHUNK)
+    acc0 = warpgroup_mma_wait(1, deps=(acc0,))
+    acc2 = _pv_chunk(kv_latent.index(first + 2), pt_smem, acc2, correction2, WARPS, O_MMA, CHUNK)
+    acc1 = warpgroup_mma_wait(1, deps=(acc1,))
+    acc3 = _pv_chunk(kv_latent.index(first + 3), pt_smem, acc3, correction2, WARPS, O_MMA, CHUNK)
+    acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))
+    return acc0, acc1, acc2, acc3
+
+
+@gluon.jit
+def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, out_row, PARTIAL_O, PARTIAL_LSE, slot_id,
+                 WARPS: gl.constexpr, NUM_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
+                 CHUNK: gl.constexpr):
+    """The program's result: with one split the bf16 output row; otherwise this split's float32
+    partial (heads x dims, like the output) and its lse. An empty split (a row shorter than the
+    split grid) has sum 0: partial 0, lse -inf (weight 0 in the merge)."""
+    running_sum = gl.sum(row_sums, 0)
+    out0 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc0, WARPS)), _output_layout(WARPS))
+    out1 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc1, WARPS)), _output_layout(WARPS))
+    out2 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc2, WARPS)), _output_layout(WARPS))
+    out3 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc3, WARPS)), _output_layout(WARPS))
+    if NUM_SPLITS == 1:
+        dest = out_row
+        head_scale = kv_scale / running_sum
+    else:
+        has_tokens = running_sum > 0
+        safe_sum = gl.where(has_tokens, running_sum, 1.0)
+        lse = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf"))
+        dest = PARTIAL_O + slot_id * LATENT * NUM_HEADS
+        head_scale = 1.0 / safe_sum
+    _store_chunk(out0, dest, head_scale, LATENT)
+    _store_chunk(out1, dest + CHUNK, head_scale, LATENT)
+    _store_chunk(out2, dest + 2 * CHUNK, head_scale, LATENT)
+    _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT)
+    if NUM_SPLITS > 1:
+        gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=running_max.type.layout), lse)
+
+
+@gluon.jit
+def _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS: gl.constexpr,
+               NUM_SPLITS: gl.constexpr, COOPERATIVE_MERGE: gl.constexpr, NUM_HEADS: gl.constexpr,
+               LATENT: gl.constexpr):
+    """Call after this split's partial is stored: merges the row's splits into its output.
+    COOPERATIVE_MERGE (only when the host checked that the whole grid is resident at once): every
+    split waits for the row's last and then merges 1 / NUM_SPLITS of the dims, so the merge's reads
+    spread over NUM_SPLITS SMs instead of one (h6). The row's counter (second half of the tickets)
+    is never reset: each call adds NUM_SPLITS, so this call's last ticket is the next multiple of
+    NUM_SPLITS above the one drawn (a power of two: the mask and the signed difference stay right
+    when the counter wraps; h12). Otherwise the last split of the row merges it all and resets the
+    row's ticket."""
+    gl.thread_barrier()  # every thread's partial stores precede the ticket's release
+    SLICE: gl.constexpr = LATENT // triton.next_power_of_2(NUM_SPLITS)
+    if COOPERATIVE_MERGE:
+        counter = SPLIT_TICKETS + gl.num_programs(0) + batch
+        drawn = gl.atomic_add(counter, 1, sem="acq_rel")
+        last_ticket = (drawn & (-NUM_SPLITS)) + NUM_SPLITS
+        seen = drawn + 1
+        while seen - last_ticket < 0:
+            seen = gl.atomic_add(counter, 0, sem="acquire")
+        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, split * SLICE, kv_scale, WARPS,
+                     NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
+    elif gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
+        for dim_begin in range(0, LATENT, SLICE):
+            _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, dim_begin, kv_scale, WARPS,
+                         NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
+        gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
+
+
+@gluon.jit
+def _mla_decode_fp8_hopper_kernel(
+    Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2, stride_q_token, stride_o_token,
+    FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+    COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
+    ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+):
+    """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
+    _mla_decode_fp8_kernel (same partials, lse and tickets; same results within rounding).
+
+    Tile plan: one program = one batch row x one KV split, all 16 heads, WARPS = 4 or 8.
+    Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
+    fp8 bytes, loaded by TMA (4 boxes of 128 latent dims + 1 of 64 rope dims) into a ring of
+    STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed.
+    Per tile:  S^T (64 x 16) = sum of 5 fp8 wgmma over the boxes with Q^T (quantised once per
+    program, per-program amax scale, kept in shared memory);  online softmax in float32, base 2;
+    P^T in fp8 (_store_probs);  for each 128-dim chunk of V: read from the ring slot straight into
+    the MMA's register fragment of V_c^T (bytes repacked in registers, see _pv_chunk),
+    acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB
+    of P: STAGES 2 fits two programs per SM (about 235 registers per thread at 4 warps, no spills).
+    NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split, merged by _merge_row.
+    Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; past the
+    cache TMA reads zeros); q; out; per split a 32 KiB float32 partial."""
+    NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
+    TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE)
+    gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
+    batch = gl.program_id(0)
+    split = gl.program_id(1)
+    ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
+    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
+                                                     instr_shape=[16, NUM_HEADS // (WARPS // 4), 32])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                     instr_shape=[16, 2 * NUM_HEADS, 32])
+
+    # Prologue. Every global read it needs is issued before any of them is used: the scale, the
+    # indptrs and q. Decode has one query row per batch row (qo_indptr = arange), so q is read at
+    # row `batch` before qo_indptr answers and again only if it says otherwise: the prologue waits
+    # for one memory latency instead of three (h8).
+    kv_scale = gl.load(KV_SCALE)
+    q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
+    q_row = gl.load(QO_INDPTR + batch)
+    kv_begin, kv_end = _split_range(KV_INDPTR, batch, split, NUM_SPLITS, BLOCK_N)
+    num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
+
+    kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK], lat_desc.layout)
+    kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for ring_slot in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(ring_slot), count=1)
+    q_latent = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CHUNKS, NUM_HEADS, CHUNK],
+                                         gl.NVMMASharedLayout.get_default_for([NUM_HEADS, CHUNK], gl.float8e4nv))
+    q_rope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_HEADS, ROPE],
+                                       gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], gl.float8e4nv))
+    pt_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * NUM_HEADS, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([2 * NUM_HEADS, BLOCK_N], gl.float8e4nv))
+
+    # The first STAGES - 1 tile loads fly while q is quantised.
+    for t in gl.static_range(STAGES - 1):
+        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, kv_begin + t * BLOCK_N,
+                   t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+    if q_row != batch:
+        q0, q1, q2, q3, qr = _load_q(Q, q_row, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
+    score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
+
+    # Tiles.
+    running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))
+    row_sums = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
+    acc0 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+    acc1 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+    acc2 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+    acc3 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+    tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
+    no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
+    for i in range(num_tiles):
+        gl.thread_barrier()  # every warp is done with the slot the next load overwrites
+        ahead = i + STAGES - 1
+        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(ahead % STAGES), ahead % STAGES,
+                   kv_begin + ahead * BLOCK_N, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+        slot = i % STAGES
+        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)
+        scores = warpgroup_mma_wait(0, deps=(_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores,
+                                                           NUM_CHUNKS),))
+        valid = (kv_begin + i * BLOCK_N + tokens) < kv_end
+        probs, correction, running_max, row_sums = _online_softmax(scores, valid, score_scale, running_max, row_sums)
+        correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)
+        acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3, correction2,
+                                          WARPS, O_MMA, CHUNK)
+    for ring_slot in gl.static_range(STAGES):
+        mbarrier.invalidate(loaded.index(ring_slot))
+
+    # Epilogue: the output row, or this split's partial and then the row's merge.
+    out_row = OUT + q_row * stride_o_token
+    slot_id = batch * NUM_SPLITS + split
+    _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, out_row, PARTIAL_O, PARTIAL_LSE, slot_id,
+                 WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)
+    if NUM_SPLITS > 1:
+        _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS, NUM_SPLITS,
+                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)
+
+
+def hopper_layouts():
+    """Shared layouts of the two TMA boxes: (64 tokens x 128 latent dims), (64 tokens x 64 rope dims)."""
     return (gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], gl.float8e4nv))
 
 
-# (data_ptr, rows, row stride, device, format) -> the two TMA descriptors of that cache. A descriptor
-# holds its cache tensor alive, so at most two are kept (and a new tensor never reuses a cached
-# address while its entry lives).
+# (data_ptr, rows, row stride, device) -> the two TMA descriptors of that cache. A descriptor holds
+# its cache tensor alive, so at most two are kept (and a new tensor never reuses a cached address
+# while its entry lives).
 _KV_DESCRIPTORS = {}
 
 
@@ -1740,20 +1679,18 @@ def tma_can_read(kv):
     return (kv.stride(-1) == 1 and kv.stride(0) % 16 == 0 and kv.data_ptr() % 16 == 0)
 
 
-def kv_descriptors(kv, kv_format="fp8"):
-    """TMA descriptors over the (rows, 576) fp8 cache, or the (rows, 288) packed MXFP4 cache seen as
-    (rows, 72) int32 words; cached per cache tensor (the last two)."""
-    key = (kv.data_ptr(), kv.shape[0], kv.stride(0), kv.device, kv_format)
+def kv_descriptors(kv):
+    """TMA descriptors over the (rows, 576) fp8 cache; cached per cache tensor (the last two)."""
+    key = (kv.data_ptr(), kv.shape[0], kv.stride(0), kv.device)
     descriptors = _KV_DESCRIPTORS.get(key)
     if descriptors is None:
         if len(_KV_DESCRIPTORS) >= 2:
             _KV_DESCRIPTORS.clear()
-        per_box = 8 if kv_format == "mxfp4" else 1  # values per element of the described tensor
-        rows = kv.view(torch.uint8)[:, 0, :].view(torch.int32) if kv_format == "mxfp4" else kv[:, 0, :]
-        latent_layout, rope_layout = hopper_layouts(kv_format)
+        rows = kv[:, 0, :]
+        latent_layout, rope_layout = hopper_layouts()
         descriptors = _KV_DESCRIPTORS[key] = (
-            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK // per_box], latent_layout),
-            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, ROPE_DIM // per_box], rope_layout))
+            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK], latent_layout),
+            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, ROPE_DIM], rope_layout))
     return descriptors
 
 
@@ -1800,87 +1737,52 @@ def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num
         raise ValueError(f'kv_data["fp8"] must be float8_e4m3fn for the Hopper route, got {kv_fp8.dtype}')
     if not tma_can_read(kv_fp8):  # a strided view the runner never makes: the portable kernel reads it
         return triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
-    # the block scales are not read: any pointer, stride 0
-    return _hopper_launch(q, kv_descriptors(kv_fp8), kv_scale, (kv_scale, 0), qo_indptr, kv_indptr, config,
-                          num_splits, num_warps, num_stages, cooperative_merge, kv_mxfp4=False)
-
-
-def hopper_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num_warps=4, num_stages=2,
-                       cooperative_merge=True):
-    """Split-KV decode over kv_data["mxfp4"] on Hopper in one launch: 306 bytes per KV token, each
-    tile decoded exactly to fp8 in shared memory, then the fp8 route's products (see
-    _mla_decode_fp8_hopper_kernel, KV_MXFP4). kv_data["fp8"]'s per-tensor scale (max |kv| / 448,
-    read on the device) tells the kernel the cache's range; its data is not read. Parameters as
-    hopper_fp8_route."""
-    kv_fp4, block_scales = kv_data["mxfp4"]
-    check_kv_format(kv_data, "fp8", kv_fp4.shape[0])  # its scale is the range hint
-    if not tma_can_read(kv_fp4):
-        return triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
-    scales = block_scales.view(torch.uint8)
-    return _hopper_launch(q, kv_descriptors(kv_fp4, "mxfp4"), kv_data["fp8"][1], (scales, scales.stride(0)), qo_indptr,
-                          kv_indptr, config, num_splits, num_warps, num_stages, cooperative_merge, kv_mxfp4=True)
-
-
-def _hopper_launch(q, descriptors, kv_scale, block_scales, qo_indptr, kv_indptr, config, num_splits, num_warps,
-                   num_stages, cooperative_merge, kv_mxfp4):
-    """The launch both Hopper routes share: a fresh output, the split workspace, the merge mode."""
     batch = kv_indptr.shape[0] - 1
     if q.shape[0] < batch:  # the kernel reads q at row `batch` before qo_indptr answers
         raise ValueError(f"q has {q.shape[0]} rows, fewer than the {batch} batch rows of kv_indptr")
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
-    latent_desc, rope_desc = descriptors
-    scales, stride_scales = block_scales
+    latent_desc, rope_desc = kv_descriptors(kv_fp8)
+    cooperative = cooperative_merge and cooperative_merge_fits(batch, num_splits, q.device, num_warps, num_stages)
     launch(_mla_decode_fp8_hopper_kernel, (batch, num_splits),
-           (q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, scales),
-           (config["sm_scale"] * LOG2E, q.stride(0), out.stride(0), stride_scales),
-           {"FP8_MAX": FP8_E4M3_MAX, "NUM_SPLITS": num_splits, "STAGES": num_stages, "WARPS": num_warps,
-            "COOPERATIVE_MERGE": cooperative_merge and cooperative_merge_fits(batch, num_splits, q.device, num_warps,
-                                                                              num_stages),
-            "KV_MXFP4": kv_mxfp4},
+           (q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
+           (SM_SCALE * LOG2E, q.stride(0), out.stride(0)),
+           {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "NUM_SPLITS": num_splits, "STAGES": num_stages,
+            "WARPS": num_warps, "COOPERATIVE_MERGE": cooperative},
            num_warps, 1)
     return out
 
 
-def hopper_compile_plan(params, kv_format):
+def hopper_fp8_compile_plan(params, fp8_dtype):
     """sm_90 only ("targets"); no plan without Gluon. A row whose split count allows the cooperative
     merge compiles both merges (which one runs depends on the batch: cooperative_merge_fits)."""
     if not HAVE_GLUON:
         return []
-    route = hopper_mxfp4_route if kv_format == "mxfp4" else hopper_fp8_route
-    p = dict(keyword_defaults(route), **params)
-    latent_layout, rope_layout = hopper_layouts(kv_format)
-    element, per_box = ("i32", 8) if kv_format == "mxfp4" else ("fp8e4nv", 1)
+    p = dict(keyword_defaults(hopper_fp8_route), **params)
+    latent_layout, rope_layout = hopper_layouts()
     signature = {
-        "Q": "*bf16", "lat_desc": f"tensordesc<{element}[64, {HOPPER_CHUNK // per_box}],{latent_layout!r}>",
-        "rope_desc": f"tensordesc<{element}[64, {ROPE_DIM // per_box}],{rope_layout!r}>", "KV_SCALE": "*fp32",
+        "Q": "*bf16", "lat_desc": f"tensordesc<fp8e4nv[64, {HOPPER_CHUNK}],{latent_layout!r}>",
+        "rope_desc": f"tensordesc<fp8e4nv[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32",
         "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "OUT": "*bf16", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32",
-        "SPLIT_TICKETS": "*i32", "BLOCK_SCALES": "*u8" if kv_format == "mxfp4" else "*fp32",
-        "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32", "stride_scales": "i32",
+        "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",
     }
     merges = [False, True] if p["cooperative_merge"] and p["num_splits"] in COOPERATIVE_SPLITS else [False]
     return [{
         "kernel": _mla_decode_fp8_hopper_kernel, "targets": ["sm90"], "signature": signature,
         "constexprs": {**keyword_defaults(_mla_decode_fp8_hopper_kernel),
-                       "FP8_MAX": FP8_E4M3_MAX, "NUM_SPLITS": p["num_splits"], "STAGES": p["num_stages"],
-                       "WARPS": p["num_warps"], "COOPERATIVE_MERGE": cooperative, "KV_MXFP4": kv_format == "mxfp4"},
-        # stride_scales (24 bytes per scale row) is not a multiple of 16
+                       "FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "NUM_SPLITS": p["num_splits"],
+                       "STAGES": p["num_stages"], "WARPS": p["num_warps"], "COOPERATIVE_MERGE": cooperative},
         "aligned_args": [name for name, kind in signature.items()
                          if kind[0] == "*" or name in ("stride_q_token", "stride_o_token")],
         "num_warps": p["num_warps"], "num_stages": 1,
     } for cooperative in merges]
 
 
-def hopper_fp8_compile_plan(params, fp8_dtype):
-    return hopper_compile_plan(params, "fp8")
-
-
-def hopper_mxfp4_compile_plan(params, fp8_dtype):
-    return hopper_compile_plan(params, "mxfp4")
-# ==== END HOPPER ROUTE ====
-
+# =============================================================================================
+# Router and custom_kernel
+# =============================================================================================
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
-                        "hopper_fp8": hopper_fp8_compile_plan, "hopper_mxfp4": hopper_mxfp4_compile_plan}
+                        "hopper_fp8": hopper_fp8_compile_plan}
 
 
 ROUTES = {
@@ -1889,7 +1791,6 @@ ROUTES = {
 }
 if HOPPER:  # the Hopper route exists only on sm_90 with Gluon; elsewhere its table rows are skipped
     ROUTES["hopper_fp8"] = hopper_fp8_route
-    ROUTES["hopper_mxfp4"] = hopper_mxfp4_route
 if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API this file knows
     ROUTES.update({
         "aiter_bf16": aiter_bf16_route,
@@ -1906,7 +1807,6 @@ ROUTE_INFO = {
     # "portable": False -> a table row with this route must be followed by a portable row for
     # the same shapes (tune.py writes one), since the route is absent off its hardware
     "hopper_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06, "portable": False},
-    "hopper_mxfp4": {"kv_format": "mxfp4", "rel_l2_bound": 0.2, "portable": False},
     # the mxfp4 format alone costs about 6-15% per row (tests/test_mxfp4_route.py measures it)
     "triton_mxfp4": {"kv_format": "mxfp4", "rel_l2_bound": 0.2},
     "aiter_bf16": {"kv_format": "bf16", "rel_l2_bound": 0.01},
@@ -1960,6 +1860,19 @@ def _route_for(batch, kv_len, uniform):
 
 
 def custom_kernel(data: input_t) -> output_t:
+    """MLA decode attention for one batch of query rows.
+
+    Args:
+        data: (q, kv_data, qo_indptr, kv_indptr, config) as the leaderboard's generate_input makes it:
+            q (batch, 16, 576) bf16; kv_data {"bf16": (total_kv, 1, 576) bf16, "fp8": (data, scale),
+            "mxfp4": (data, block scales)}; qo_indptr, kv_indptr (batch + 1,) int32; config with
+            batch_size, q_seq_len (1), kv_seq_len and sm_scale (1 / sqrt(576)).
+    Returns:
+        A fresh (batch, 16, 512) bf16 tensor: softmax(sm_scale * q k^T) v over each batch row's KV
+        rows, as read by the route that the active table picks for (batch, kv_len).
+    Raises:
+        ValueError naming the field when a shape, dtype or config entry is off (no GPU sync).
+    """
     global LAST_ROUTE
     q, kv_data, qo_indptr, kv_indptr, config = data
     batch, total_kv = check_inputs(q, kv_data, qo_indptr, kv_indptr, config)

@@ -69,11 +69,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # mxfp4 route whether S comes from tl.dot_scaled (qk_dot_scaled) or dequantised bf16 tiles.
 SEARCH_SPACE = {
     "aiter_bf16": {},
-    "aiter_fp8": {"q_scale_mode": ["plain_cast", "per_tensor"]},
+    "aiter_fp8": {"q_scale": ["unit", "tensor"]},
     "aiter_a8w8_persistent": {
         "page_size": [1, 2, 4, 8, 16],
-        "num_kv_splits": [1, 2, 4, 8, 12, 16, 24, 32],
-        "q_scale_mode": ["plain_cast", "per_tensor"],
+        "num_splits": [1, 2, 4, 8, 12, 16, 24, 32],
+        "q_scale": ["unit", "tensor"],
     },
     "triton_fp8": {
         "num_splits": [1, 2, 4, 8, 16, 32],
@@ -89,31 +89,24 @@ SEARCH_SPACE = {
         "num_stages": [2, 3],
         "cooperative_merge": [True, False],
     },
-    "hopper_mxfp4": {  # sm_90 only, like hopper_fp8
-        "num_splits": [1, 2, 4, 8, 16, 32],
-        "num_warps": [4],
-        "num_stages": [2, 3],
-        "cooperative_merge": [True],
-    },
     "triton_mxfp4": {
         "num_splits": [1, 2, 4, 8, 16, 32],
         "block_n": [32, 64, 128],
         "num_warps": [4, 8],
         "num_stages": [2, 3],
-        "qk_dot_scaled": [False, True],  # True: tl.dot_scaled, GPU only (not in the interpreter)
+        "qk_dot_scaled": ["none", "bf16"],  # "bf16": tl.dot_scaled, GPU only (not in the interpreter)
     },
 }
 QUICK_SEARCH_SPACE = {
     "aiter_bf16": {},
-    "aiter_fp8": {"q_scale_mode": ["plain_cast"]},
-    "aiter_a8w8_persistent": {"page_size": [1, 8], "num_kv_splits": [8, 16],
-                              "q_scale_mode": ["plain_cast"]},
+    "aiter_fp8": {"q_scale": ["unit"]},
+    "aiter_a8w8_persistent": {"page_size": [1, 8], "num_splits": [8, 16],
+                              "q_scale": ["unit"]},
     "triton_fp8": {"num_splits": [1, 8], "block_n": [64], "num_warps": [8], "num_stages": [2],
                    "qk_fp8": [True, False]},
     "triton_mxfp4": {"num_splits": [1, 8], "block_n": [64], "num_warps": [8], "num_stages": [2],
-                     "qk_dot_scaled": [False]},
+                     "qk_dot_scaled": ["none"]},
     "hopper_fp8": {"num_splits": [1, 8], "num_warps": [4], "num_stages": [2]},
-    "hopper_mxfp4": {"num_splits": [1, 8], "num_warps": [4], "num_stages": [2]},
 }
 
 MAX_MISMATCH = 0.01  # eligibility: worst mismatch ratio over the seeds (the runner allows 0.05)
@@ -748,9 +741,25 @@ def format_table(name, rows, width=100):
             lines.append(f"    {head} {tail}")
         else:
             lines.append(f"    {head}")
-            lines.append(f"     {tail}")
+            lines += _wrapped_params(row["params"], width)
     lines.append("]")
     return "\n".join(lines)
+
+
+def _wrapped_params(params, width):
+    """`"params": {...}},` as continuation lines of at most `width` characters (items wrap)."""
+    lines, line = [], '     "params": {'
+    items = [f"{_py_literal(k)}: {_py_literal(v)}" for k, v in params.items()]
+    for i, item in enumerate(items):
+        item += "," if i < len(items) - 1 else "}},"
+        if line.endswith("{") or len(f"{line} {item}") <= width:
+            line = line + item if line.endswith("{") else f"{line} {item}"
+        else:
+            lines.append(line)
+            line = "                " + item
+    if not items:
+        line += "}},"
+    return lines + [line]
 
 
 def _block_span(text):

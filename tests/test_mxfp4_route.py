@@ -223,10 +223,12 @@ def test_padded_scale_layout_only_meaningful_entries_read():
     assert torch.equal(out, base)
 
 
-def test_route_rejects_unknown_strategy():
+@pytest.mark.parametrize("mode", ["e2m1", True, False, None])
+def test_route_rejects_unknown_strategy(mode):
+    """One spelling per mode: "none", "bf16", "e4m3"; anything else is a ValueError naming the parameter."""
     data = make_data([16], seed=1)
-    with pytest.raises(ValueError):
-        run(data, qk_dot_scaled="e2m1")
+    with pytest.raises(ValueError, match="qk_dot_scaled"):
+        run(data, qk_dot_scaled=mode)
 
 
 @pytest.mark.skipif(INTERPRETED, reason="tl.dot_scaled has no interpreter implementation in Triton 3.6")

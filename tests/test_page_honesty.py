@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROUTE = "aiter_a8w8_persistent"
 CATCH_ALL = {"max_batch": None, "max_kv_len": None, "route": ROUTE,
-             "params": {"page_size": 1, "num_kv_splits": 32, "q_scale_mode": "per_tensor"}}
+             "params": {"page_size": 1, "num_splits": 32, "q_scale": "tensor"}}
 # (batch, kv_len, seed, page_size): the runner's own shapes and seeds (specs/benchmarks.txt)
 PAGED_CASES = [(4, 1024, 4217, 2), (4, 8192, 4220, 8)]
 CASE_IDS = ["page2-bs4-kv1024", "page8-bs4-kv8192"]
@@ -62,10 +62,10 @@ def exact():
     return result
 
 
-def paged_row(page_size, num_kv_splits=8):
+def paged_row(page_size, num_splits=8):
     return {"max_batch": None, "max_kv_len": None, "route": ROUTE,
-            "params": {"page_size": page_size, "num_kv_splits": num_kv_splits,
-                       "q_scale_mode": "plain_cast"}}
+            "params": {"page_size": page_size, "num_splits": num_splits,
+                       "q_scale": "unit"}}
 
 
 @contextlib.contextmanager
@@ -110,7 +110,7 @@ def test_first_token_mode_attends_to_the_first_row_of_each_page(first_token, exa
     data = reference.generate_input(4, 1, 512, 5, device="cpu")
     routes = {name: loaded.module.ROUTES[ROUTE] for name, loaded in
               (("first_token", first_token), ("exact", exact))}
-    params = {"page_size": page_size, "num_kv_splits": 4, "q_scale_mode": "per_tensor"}
+    params = {"page_size": page_size, "num_splits": 4, "q_scale": "tensor"}
     sparse = routes["first_token"](*data, **params)
     full = routes["exact"](*data, **params)
     # the reference's mathematics over every page_size-th row, and over every row
@@ -124,7 +124,7 @@ def test_first_token_mode_attends_to_the_first_row_of_each_page(first_token, exa
 def test_first_token_mode_leaves_page_1_and_the_non_persistent_routes_alone(first_token, exact,
                                                                           reference):
     data = reference.generate_input(8, 1, 256, 6, device="cpu")
-    for route, params in ((ROUTE, {"page_size": 1, "num_kv_splits": 4}), ("aiter_fp8", {}),
+    for route, params in ((ROUTE, {"page_size": 1, "num_splits": 4}), ("aiter_fp8", {}),
                           ("aiter_bf16", {})):
         outs = [loaded.module.ROUTES[route](*data, **params) for loaded in (first_token, exact)]
         assert torch.equal(outs[0], outs[1]), route
@@ -189,8 +189,8 @@ def test_every_default_row_is_strictly_right_in_first_token_mode(first_token, re
 def test_tune_rejects_the_paged_row_and_keeps_page_1(first_token, tune, batch, kv_len, seed,
                                                      page_size):
     mod = first_token.module
-    space = {ROUTE: {"page_size": [1, page_size], "num_kv_splits": [8],
-                     "q_scale_mode": ["plain_cast"]}}
+    space = {ROUTE: {"page_size": [1, page_size], "num_splits": [8],
+                     "q_scale": ["unit"]}}
     result = tune.tune(mod, [(batch, kv_len, seed)], space=space, secret_bs=[1], device="cpu",
                        max_repeats=1, routes=[ROUTE], warn=lambda *_: None)
     (case,) = result["cases"]
@@ -208,6 +208,6 @@ def test_tune_rejects_the_paged_row_and_keeps_page_1(first_token, tune, batch, k
 def test_every_8th_row_at_kv_1024_fails_even_the_loose_check(first_token, reference):
     mod = first_token.module
     data = reference.generate_input(4, 1, 1024, 4217, device="cpu")
-    out = mod.ROUTES[ROUTE](*data, page_size=8, num_kv_splits=8, q_scale_mode="plain_cast")
+    out = mod.ROUTES[ROUTE](*data, page_size=8, num_splits=8, q_scale="unit")
     ok, message = reference.check_implementation(data, out)
     assert not ok and reference.mismatch_ratio(out, reference.ref_kernel(data)) > 0.2, message

@@ -125,7 +125,7 @@ def test_every_generation_runs_the_persistent_route_through_torch_ops(generation
     for batch, kv_len, kv_lens in ((4, 256, None), (3, 0, (300, 17, 200))):
         data, expected = make_input(batch, kv_len, kv_lens=kv_lens)
         double.reset()
-        out = mod.aiter_a8w8_persistent_route(*data, page_size=1, num_kv_splits=8)
+        out = mod.aiter_a8w8_persistent_route(*data, page_size=1, num_splits=8)
         assert _reference_error(reference, out, data) < 2e-3, (generation, kv_lens)
         assert _route_error(reference, out, expected) <= 0.06
         assert double.CALLS["mla_decode_stage1_asm_fwd"] == double.CALLS["mla_reduce_v1"] == 1
@@ -163,10 +163,10 @@ def test_the_double_rejects_the_other_generations_argument_order(make_input):
             setattr(mod, attribute, getattr(callee.aiter, op_name))
             try:
                 with pytest.raises(RuntimeError):  # the dispatcher's or the double's
-                    mod.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=2)
+                    mod.aiter_a8w8_persistent_route(*data, page_size=2, num_splits=2)
             finally:
                 setattr(mod, attribute, own)
-        mod.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=2)  # its own: fine
+        mod.aiter_a8w8_persistent_route(*data, page_size=2, num_splits=2)  # its own: fine
 
 
 @pytest.mark.parametrize("generation", [None, "2099-01"])
@@ -232,7 +232,7 @@ def test_a_metadata_api_this_file_cannot_call_is_refused(runner_aiter):
 # The double refuses what aiter refuses
 
 
-def _persistent_call(mod, data, page_size=1, num_kv_splits=4):
+def _persistent_call(mod, data, page_size=1, num_splits=4):
     """(stage-1 arguments by name, plan) exactly as the persistent route passes them."""
     q, kv_data, qo_indptr, kv_indptr, config = data
     kv, kv_scale = kv_data["fp8"]
@@ -240,10 +240,10 @@ def _persistent_call(mod, data, page_size=1, num_kv_splits=4):
     uniform = mod.declares_uniform_kv(batch, total_kv, config)
     tables = mod.page_tables(batch, total_kv, config["kv_seq_len"], page_size, q.device)
     kv_page_indptr = kv_indptr if page_size == 1 else tables.kv_page_indptr
-    q_fp8, q_scale = mod.quantize_q_fp8(q, kv.dtype, "per_tensor")
+    q_fp8, q_scale = mod.quantize_q_fp8(q, kv.dtype, "tensor")
     plan = mod.persistent_plan(qo_indptr, kv_page_indptr, tables.kv_last_page_lens, batch,
                                total_kv, config["kv_seq_len"], uniform, 1, page_size,
-                               num_kv_splits, q_fp8.dtype, kv.dtype, q.device)
+                               num_splits, q_fp8.dtype, kv.dtype, q.device)
     args = dict(
         Q=q_fp8.clone(), KV=kv.view(total_kv // page_size, page_size, 1, 576),
         qo_indptr=qo_indptr, kv_indptr=kv_page_indptr, kv_page_indices=tables.kv_page_ids,
@@ -306,7 +306,7 @@ def test_the_double_refuses_a_scale_on_another_device(runner_aiter, make_input):
 
 def test_the_double_refuses_a_reduce_reading_outside_the_partials(runner_aiter, make_input):
     mod, double = runner_aiter.module, runner_aiter.aiter
-    args, plan = _persistent_call(mod, make_input(4, 1024)[0], num_kv_splits=4)
+    args, plan = _persistent_call(mod, make_input(4, 1024)[0], num_splits=4)
     double.mla_decode_stage1_asm_fwd(**args)
     assert plan.reduce_indptr[-1].item() > 0  # the plan splits: the reduce has work
     with pytest.raises(double.ContractError, match="outside partial_output"):
@@ -380,8 +380,8 @@ def test_the_plan_setting_follows_the_shapes(runner_aiter, make_input, reference
     mod, double = runner_aiter.module, runner_aiter.aiter
     data, _ = make_input(batch, kv_len, kv_lens=kv_lens)
     double.reset()
-    out = mod.aiter_a8w8_persistent_route(*data, page_size=page_size, num_kv_splits=8,
-                                          q_scale_mode="per_tensor")
+    out = mod.aiter_a8w8_persistent_route(*data, page_size=page_size, num_splits=8,
+                                          q_scale="tensor")
     (facts,) = _plan_facts(double)
     expected = mod.REFERENCE_PLAN if intra_batch else mod.BALANCED_PLAN
     assert {key: facts[key] for key in expected} == expected
@@ -395,7 +395,7 @@ def test_the_info_gets_the_split_cap_where_it_takes_it(make_input):
     for generation in ("2026-03-04", "2026-06-11"):
         result = loader.load_submission(generation)
         data, _ = make_input(8, 128)
-        result.module.aiter_a8w8_persistent_route(*data, page_size=1, num_kv_splits=64)
+        result.module.aiter_a8w8_persistent_route(*data, page_size=1, num_splits=64)
         (plan,) = result.module._PLANS.values()
         sizes[generation] = plan.reduce_partial_map.shape[0]
         assert plan.partial_output.shape[0] == sizes[generation]  # sized as aiter's wrapper
@@ -425,8 +425,8 @@ def test_every_row_route_is_accurate(loaded, row_index, make_input, reference):
     out = loaded.module.ROUTES[row["route"]](*data, **row["params"])
     bound = loaded.module.ROUTE_INFO[row["route"]]["rel_l2_bound"]
     assert _route_error(reference, out, expected) <= bound, _label(row)
-    if "q_scale_mode" in row["params"]:
-        params = dict(row["params"], q_scale_mode="per_tensor")
+    if "q_scale" in row["params"]:
+        params = dict(row["params"], q_scale="tensor")
         out = loaded.module.ROUTES[row["route"]](*data, **params)
         assert _reference_error(reference, out, data) < 2e-3, _label(row)
 
@@ -479,7 +479,7 @@ def test_plans_are_reused_per_shape_and_built_per_shape(runner_aiter, make_input
 
     def run(kv_len, seed):
         data, _ = make_input(8, kv_len, seed=seed)
-        return mod.aiter_a8w8_persistent_route(*data, page_size=page_size, num_kv_splits=4)
+        return mod.aiter_a8w8_persistent_route(*data, page_size=page_size, num_splits=4)
 
     first, second = kv_lens
     mod._PLANS.clear()
@@ -522,8 +522,8 @@ def test_a_ragged_plan_is_never_reused_for_uniform_lengths_of_the_same_total(run
     mod = runner_aiter.module
     for lens in ((1100, 1300), (1200, 1200), (1300, 1100), (1200, 1200)):
         data, _ = make_input(2, 0, kv_lens=lens)
-        out = mod.aiter_a8w8_persistent_route(*data, page_size=1, num_kv_splits=8,
-                                              q_scale_mode="per_tensor")
+        out = mod.aiter_a8w8_persistent_route(*data, page_size=1, num_splits=8,
+                                              q_scale="tensor")
         assert _reference_error(reference, out, data) < 2e-3, lens
 
 
@@ -547,7 +547,7 @@ def test_a_stale_plan_gives_wrong_numbers(runner_aiter, make_input, reference):
 def test_paged_route_refuses_ragged_lengths(runner_aiter, make_input):
     data, _ = make_input(4, 0, kv_lens=(64, 192, 128, 128))
     with pytest.raises(ValueError, match="page_size 2"):
-        runner_aiter.module.aiter_a8w8_persistent_route(*data, page_size=2, num_kv_splits=4)
+        runner_aiter.module.aiter_a8w8_persistent_route(*data, page_size=2, num_splits=4)
 
 
 def test_a_lying_config_gives_wrong_numbers_not_silence(runner_aiter, make_input, reference):
@@ -557,7 +557,7 @@ def test_a_lying_config_gives_wrong_numbers_not_silence(runner_aiter, make_input
     data, expected = make_input(4, 0, kv_lens=(64, 192, 128, 128))
     config = dict(data[4], kv_seq_len=128)  # 4 * 128 == total: declared uniform, wrongly
     lying = data[:4] + (config,)
-    out = runner_aiter.module.aiter_a8w8_persistent_route(*lying, page_size=2, num_kv_splits=4)
+    out = runner_aiter.module.aiter_a8w8_persistent_route(*lying, page_size=2, num_splits=4)
     assert reference.rel_l2_error(out, expected) > 0.2
 
 
@@ -565,7 +565,7 @@ def test_a_lying_config_gives_wrong_numbers_not_silence(runner_aiter, make_input
 # Q to fp8: per-tensor scale vs the plain cast
 
 
-def test_plain_cast_is_wrong_past_the_fp8_range_and_per_tensor_is_right(loaded, make_input,
+def test_unit_q_scale_is_wrong_past_the_fp8_range_and_tensor_scale_is_right(loaded, make_input,
                                                                        reference):
     """q scaled by 1000 (max|q| ~ 4000 > 448) with the KV scaled by 1/1000 (same scores): the
     plain cast saturates q or makes it NaN (torch builds differ) and the output is far off or
@@ -578,14 +578,14 @@ def test_plain_cast_is_wrong_past_the_fp8_range_and_per_tensor_is_right(loaded, 
     expected = reference.attention_float64(scaled)
     assert q.abs().max().item() > FP8_MAX_E4M3FN
     for route, params in (("aiter_fp8", {}),
-                          ("aiter_a8w8_persistent", {"page_size": 2, "num_kv_splits": 4})):
+                          ("aiter_a8w8_persistent", {"page_size": 2, "num_splits": 4})):
         bound = mod.ROUTE_INFO[route]["rel_l2_bound"]
-        right = mod.ROUTES[route](*scaled, q_scale_mode="per_tensor", **params)
-        wrong = mod.ROUTES[route](*scaled, q_scale_mode="plain_cast", **params)
+        right = mod.ROUTES[route](*scaled, q_scale="tensor", **params)
+        wrong = mod.ROUTES[route](*scaled, q_scale="unit", **params)
         assert reference.rel_l2_error(right, expected) <= bound
         assert not reference.rel_l2_error(wrong, expected) <= 0.3  # NaN fails this too
-    with pytest.raises(ValueError, match="q_scale_mode"):
-        mod.aiter_fp8_route(*scaled, q_scale_mode="rounded")
+    with pytest.raises(ValueError, match="q_scale"):
+        mod.aiter_fp8_route(*scaled, q_scale="rounded")
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-3, 300.0])
@@ -594,7 +594,7 @@ def test_per_tensor_q_matches_the_reference_quantiser(runner_aiter, make_input, 
     data, _ = make_input(4, 64)
     q = (data[0].float() * scale).bfloat16()
     for dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-        q_fp8, q_scale = runner_aiter.module.quantize_q_fp8(q, dtype, "per_tensor")
+        q_fp8, q_scale = runner_aiter.module.quantize_q_fp8(q, dtype, "tensor")
         ref_fp8, ref_scale = reference.quantize_fp8(q, dtype=dtype)
         assert torch.equal(q_scale, ref_scale)
         assert torch.equal(q_fp8.view(torch.uint8), ref_fp8.view(torch.uint8))
@@ -606,9 +606,9 @@ def test_per_tensor_q_matches_the_reference_quantiser(runner_aiter, make_input, 
 
 @pytest.mark.parametrize("route,params", [
     ("aiter_bf16", {}),
-    ("aiter_fp8", {"q_scale_mode": "plain_cast"}),
-    ("aiter_a8w8_persistent", {"page_size": 1, "num_kv_splits": 4, "q_scale_mode": "plain_cast"}),
-    ("aiter_a8w8_persistent", {"page_size": 2, "num_kv_splits": 4, "q_scale_mode": "plain_cast"}),
+    ("aiter_fp8", {"q_scale": "unit"}),
+    ("aiter_a8w8_persistent", {"page_size": 1, "num_splits": 4, "q_scale": "unit"}),
+    ("aiter_a8w8_persistent", {"page_size": 2, "num_splits": 4, "q_scale": "unit"}),
 ])
 def test_each_call_returns_a_fresh_output(runner_aiter, route, params, make_input):
     mod = runner_aiter.module

@@ -89,15 +89,15 @@ def test_aiter_route_info(without_aiter):
 # Selection
 
 
-LEADERBOARD_ROUTES = {  # (batch, kv_len) -> (route, page_size, num_kv_splits, q_scale_mode)
+LEADERBOARD_ROUTES = {  # (batch, kv_len) -> (route, page_size, num_splits, q_scale)
     (4, 1024): ("aiter_bf16", None, None, None),
-    (32, 1024): ("aiter_a8w8_persistent", 1, 16, "plain_cast"),
-    (64, 1024): ("aiter_fp8", None, None, "plain_cast"),
-    (256, 1024): ("aiter_a8w8_persistent", 1, 8, "plain_cast"),
-    (4, 8192): ("aiter_a8w8_persistent", 1, 16, "plain_cast"),
-    (32, 8192): ("aiter_a8w8_persistent", 1, 8, "plain_cast"),
-    (64, 8192): ("aiter_a8w8_persistent", 1, 8, "plain_cast"),
-    (256, 8192): ("aiter_a8w8_persistent", 1, 8, "plain_cast"),
+    (32, 1024): ("aiter_a8w8_persistent", 1, 16, "unit"),
+    (64, 1024): ("aiter_fp8", None, None, "unit"),
+    (256, 1024): ("aiter_a8w8_persistent", 1, 8, "unit"),
+    (4, 8192): ("aiter_a8w8_persistent", 1, 16, "unit"),
+    (32, 8192): ("aiter_a8w8_persistent", 1, 8, "unit"),
+    (64, 8192): ("aiter_a8w8_persistent", 1, 8, "unit"),
+    (256, 8192): ("aiter_a8w8_persistent", 1, 8, "unit"),
 }
 
 
@@ -105,8 +105,8 @@ LEADERBOARD_ROUTES = {  # (batch, kv_len) -> (route, page_size, num_kv_splits, q
 def test_leaderboard_shapes_take_the_default_routes(with_aiter, batch, kv_len):
     row = with_aiter.select_route(batch, kv_len)  # the active table: aiter's
     params = row["params"]
-    got = (row["route"], params.get("page_size"), params.get("num_kv_splits"),
-           params.get("q_scale_mode"))
+    got = (row["route"], params.get("page_size"), params.get("num_splits"),
+           params.get("q_scale"))
     assert got == LEADERBOARD_ROUTES[(batch, kv_len)]
 
 
@@ -125,16 +125,16 @@ def test_the_catch_all_is_reached_only_past_the_last_bounded_row(with_aiter):
         for uniform in (True, False):
             assert with_aiter.select_route(batch, 8192, uniform) is not catch_all
     assert with_aiter.select_route(5, 8193) is catch_all
-    assert catch_all["params"]["q_scale_mode"] == "per_tensor"  # right for any q
+    assert catch_all["params"]["q_scale"] == "tensor"  # right for any q
 
 
 PAGED_TABLE = [  # explicit paged rows: the preconditions, apart from any default table
     {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 2, "num_kv_splits": 16, "q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 2, "num_splits": 16, "q_scale": "unit"}},
     {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 8, "num_kv_splits": 8, "q_scale_mode": "plain_cast"}},
+     "params": {"page_size": 8, "num_splits": 8, "q_scale": "unit"}},
     {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_kv_splits": 32, "q_scale_mode": "per_tensor"}},
+     "params": {"page_size": 1, "num_splits": 32, "q_scale": "tensor"}},
 ]
 
 
@@ -162,9 +162,9 @@ def test_select_route_reads_a_replaced_table(with_aiter, reference):
     original = mod.AITER_ROUTE_TABLE
     try:
         mod.AITER_ROUTE_TABLE = [{"max_batch": None, "max_kv_len": None, "route": "aiter_fp8",
-                                  "params": {"q_scale_mode": "per_tensor"}}]
+                                  "params": {"q_scale": "tensor"}}]
         mod.custom_kernel(data)
-        assert mod.LAST_ROUTE == "aiter_fp8 {'q_scale_mode': 'per_tensor'}"
+        assert mod.LAST_ROUTE == "aiter_fp8 {'q_scale': 'tensor'}"
     finally:
         mod.AITER_ROUTE_TABLE = original
     mod.custom_kernel(data)
@@ -291,7 +291,7 @@ def test_checks_never_read_tensor_contents(with_aiter):
                    torch.empty(total_kv, 24, dtype=torch.uint8, device=meta))},
         torch.empty(batch + 1, dtype=torch.int32, device=meta),
         torch.empty(batch + 1, dtype=torch.int32, device=meta),
-        {"batch_size": batch, "q_seq_len": 1, "kv_seq_len": kv_len},
+        {"batch_size": batch, "q_seq_len": 1, "kv_seq_len": kv_len, "sm_scale": mod.SM_SCALE},
     )
     assert mod.check_inputs(*data) == (batch, total_kv)
     for fmt in ("bf16", "fp8", "mxfp4"):

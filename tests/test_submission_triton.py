@@ -95,14 +95,16 @@ def test_per_tensor_and_per_program_q_scales_agree_within_fp8_rounding():
 
 
 def test_large_q_stays_right():
-    """Both q scale modes follow q's range: q x 1000 (far past the fp8 max) changes nothing but scale."""
+    """Both q scale modes follow q's range: q x 1000 (far past the fp8 max) over a cache whose scale
+    is divided by 1000 gives the same scores, and an output 1000 times smaller."""
     q, kv_data, qo, kvi, config = data_with_lengths([80], seed=9)
     big = (q.float() * 1000).bfloat16()
-    big_config = dict(config, sm_scale=config["sm_scale"] / 1000)
+    kv_fp8, kv_scale = kv_data["fp8"]
+    small_kv = dict(kv_data, fp8=(kv_fp8, kv_scale / 1000))
     for mode in ("program", "tensor"):
-        out = submission.triton_fp8_route(big, kv_data, qo, kvi, big_config, q_scale=mode)
+        out = submission.triton_fp8_route(big, small_kv, qo, kvi, config, q_scale=mode)
         unscaled = submission.triton_fp8_route(q, kv_data, qo, kvi, config, q_scale=mode)
-        assert rel(out, unscaled) < 0.02
+        assert rel(out.float() * 1000, unscaled) < 0.02
 
 
 def test_a_zero_output_fails_the_strict_bound():

@@ -392,9 +392,9 @@ def _aiter_double_submission():
 def test_aiter_routes_are_tuned_where_aiter_imports_and_fill_the_aiter_table(sub_copy):
     sub = _aiter_double_submission()
     assert sub.HAVE_AITER
-    space = {"aiter_bf16": {}, "aiter_fp8": {"q_scale_mode": ["per_tensor"]},
-             "aiter_a8w8_persistent": {"page_size": [1, 8, 3], "num_kv_splits": [2],
-                                       "q_scale_mode": ["per_tensor"]},
+    space = {"aiter_bf16": {}, "aiter_fp8": {"q_scale": ["tensor"]},
+             "aiter_a8w8_persistent": {"page_size": [1, 8, 3], "num_splits": [2],
+                                       "q_scale": ["tensor"]},
              "triton_fp8": {}}
     result = tune.tune(sub, [(2, 64, 11)], space=space, secret_bs=[3], device="cpu",
                        max_repeats=1, routes=["aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent"])

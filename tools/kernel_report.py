@@ -357,7 +357,7 @@ def matrix_instructions(text, parse_line):
     lines = text.splitlines()
     total = Counter()
     per_loop = defaultdict(Counter)
-    for line, header in zip(lines, loop_headers(lines)):
+    for line, header in zip(lines, loop_headers(lines), strict=True):
         kind = parse_line(line)
         if kind is None:
             continue
@@ -1004,7 +1004,7 @@ def format_text(report):
     for rec_row in table_rows(report):
         lines.append("")
         lines.append(f"{rec_row[0]}  [{rec_row[3]}]  {rec_row[1]}  ->  {rec_row[2]}")
-        for name, value in zip(COLUMNS[4:], rec_row[4:]):
+        for name, value in zip(COLUMNS[4:], rec_row[4:], strict=True):
             lines.append(f"    {name:<18} {value}")
     lines.extend(_notes(report))
     return "\n".join(lines)

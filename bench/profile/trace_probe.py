@@ -34,44 +34,44 @@ CLOCK = 'gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.i
 
 # (marker text in submission.py, text to put in its place); {S} = STAMP, {C} = CLOCK
 INSERTIONS = [
-    ("PARTIAL_LSE, SPLIT_TICKETS,\n        BLOCK_SCALES, sm_scale_log2", "PARTIAL_LSE, SPLIT_TICKETS,\n"
-     "        BLOCK_SCALES, TRACE, sm_scale_log2"),
-    ("        split = gl.program_id(1)\n",
-     "        split = gl.program_id(1)\n        t_start = {S}\n        c_start = {C}\n"
-     "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
-    ("        score_scale = sm_scale_log2 * kv_scale * q_scale\n",
-     "        score_scale = sm_scale_log2 * kv_scale * q_scale\n        t_prologue = {S}\n"
-     "        wait_cycles = c_start * 0\n        s_cycles = c_start * 0\n        softmax_cycles = c_start * 0\n"
-     "        pv_cycles = c_start * 0\n"),
-    ("            mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n",
-     "            c0 = {C}\n            mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n            c1 = {C}\n"
-     "            wait_cycles += c1 - c0\n"),
-    ("            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n",
-     "            c2 = {C}\n            s_cycles += c2 - c1\n"
-     "            valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n"),
-    ("            # two products in flight", "            c3 = {C}\n            softmax_cycles += c3 - c2\n"
-     "            # two products in flight"),
-    ("            acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))\n",
-     "            acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))\n            pv_cycles += {C} - c3\n"),
-    ("        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n",
-     "        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n"
-     "        t_loop = {S}\n"),
-    ("        _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT)\n",
-     "        _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT)\n"
-     "        t_stores = {S}\n"),
-    ("                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n\n    @gluon.jit\n",
-     "                gl.atomic_xchg(SPLIT_TICKETS + batch, 0)\n"
-     "        t_end = {S}\n        c_end = {C}\n"
-     "        gl.store(trace, t_start)\n        gl.store(trace + 1, t_prologue)\n        gl.store(trace + 2, t_loop)\n"
-     "        gl.store(trace + 3, t_stores)\n        gl.store(trace + 4, t_end)\n"
-     "        gl.store(trace + 5, wait_cycles)\n        gl.store(trace + 6, s_cycles)\n"
-     "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
-     "        gl.store(trace + 9, c_end - c_start)\n        gl.store(trace + 10, num_tiles.to(gl.int64))\n"
-     "\n    @gluon.jit\n"),
-    ('"BLOCK_SCALES": "*u8" if kv_format == "mxfp4" else "*fp32",',
-     '"BLOCK_SCALES": "*u8" if kv_format == "mxfp4" else "*fp32", "TRACE": "*i64",'),
-    ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, scales),",
-     "(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, scales, "
+    ("PARTIAL_LSE, SPLIT_TICKETS,\n    sm_scale_log2, stride_q_token, stride_o_token,",
+     "PARTIAL_LSE, SPLIT_TICKETS,\n    TRACE, sm_scale_log2, stride_q_token, stride_o_token,"),
+    ("    split = gl.program_id(1)\n",
+     "    split = gl.program_id(1)\n    t_start = {S}\n    c_start = {C}\n"
+     "    trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
+    ("_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n",
+     "_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n    t_prologue = {S}\n"
+     "    wait_cycles = c_start * 0\n    s_cycles = c_start * 0\n    softmax_cycles = c_start * 0\n"
+     "    pv_cycles = c_start * 0\n"),
+    ("        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n",
+     "        c0 = {C}\n        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n        c1 = {C}\n"
+     "        wait_cycles += c1 - c0\n"),
+    ("        valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n",
+     "        c2 = {C}\n        s_cycles += c2 - c1\n"
+     "        valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n"),
+    ("        correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)\n",
+     "        correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)\n"
+     "        c3 = {C}\n        softmax_cycles += c3 - c2\n"),
+    ("correction2,\n                                          WARPS, O_MMA, CHUNK)\n",
+     "correction2,\n                                          WARPS, O_MMA, CHUNK)\n        pv_cycles += {C} - c3\n"),
+    ("    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n",
+     "    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n"
+     "    t_loop = {S}\n"),
+    ("slot_id,\n                 WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n",
+     "slot_id,\n                 WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n    t_stores = {S}\n"),
+    ("NUM_SPLITS,\n                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n",
+     "NUM_SPLITS,\n                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n"
+     "    t_end = {S}\n    c_end = {C}\n"
+     "    gl.store(trace, t_start)\n    gl.store(trace + 1, t_prologue)\n    gl.store(trace + 2, t_loop)\n"
+     "    gl.store(trace + 3, t_stores)\n    gl.store(trace + 4, t_end)\n"
+     "    gl.store(trace + 5, wait_cycles)\n    gl.store(trace + 6, s_cycles)\n"
+     "    gl.store(trace + 7, softmax_cycles)\n    gl.store(trace + 8, pv_cycles)\n"
+     "    gl.store(trace + 9, c_end - c_start)\n    gl.store(trace + 10, num_tiles.to(gl.int64))\n"),
+    ('"SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",',
+     '"SPLIT_TICKETS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32", "stride_q_token": "i32", '
+     '"stride_o_token": "i32",'),
+    ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),",
+     "(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, "
      "TRACE_BUFFER),"),
 ]
 
