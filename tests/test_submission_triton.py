@@ -73,7 +73,9 @@ def test_split_counts_agree_and_stale_workspace_does_not_leak():
         many = submission.triton_fp8_route(*data, num_splits=splits, block_n=32)
         assert torch.isfinite(many).all()
         assert rel(many, one) < 5e-3
-        assert tickets.eq(0).all()  # the merging program resets its row's ticket
+        # the merging program resets its row's arrival ticket (the first half; the second half holds the
+        # Hopper route's cooperative counters, which only grow, and other tests may have run it)
+        assert tickets[:3].eq(0).all()
 
 
 def test_two_calls_return_distinct_tensors_and_the_first_survives():
