@@ -3,6 +3,11 @@ module's route with each given parameter set, timed interleaved like the runner 
 CUDA events around one call); medians, then the geomean per (module, params) column.
 
     python bench/ab_probe.py A.py B.py [C.py ...] [--route hopper_fp8] [--params JSON-list] [--repeats 40]
+    python bench/ab_probe.py A.py B.py --whole [--l2-flush runner] [--repeats 30]
+
+--whole: each module's custom_kernel as a whole (its own table, its checks and launch path), checked
+against float64 attention (rel. L2 within 0.06), then its host time per call (perf_counter, the
+GPU idle before) and its GPU time (median and mean), interleaved across modules.
 
 Parameter sets per shape: each module's own table row for the route (rows of other routes are
 skipped), plus --extra '[{"bs": 4, "kv": 8192, "params": {...}}, ...]'. Each output is checked
@@ -11,10 +16,14 @@ against the reference first (--no-check: ablations that skip work on purpose).
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import torch  # noqa: E402
+
 import eval as runner  # noqa: E402  (the project's one submission loader)
 import reference  # noqa: E402
 import utils  # noqa: E402
@@ -30,9 +39,13 @@ def main():
     parser.add_argument("--extra", default="[]", help="JSON list of {bs, kv, params} to time as well")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the accuracy assert (ablations that drop work on purpose)")
+    parser.add_argument("--whole", action="store_true", help="time each module's custom_kernel and its host time")
+    parser.add_argument("--l2-flush", default="default", choices=utils.L2Flusher.MODES)
     args = parser.parse_args()
     modules = [runner.load_submission(path, f"ab_{i}") for i, path in enumerate(args.modules)]
-    flush = utils.L2Flusher("default")
+    flush = utils.L2Flusher(args.l2_flush)
+    if args.whole:
+        return compare_whole(modules, args, flush)
     columns = {}  # module index -> best median per shape
     for batch, kv in SHAPES:
         data = reference.generate_input(batch, 1, kv, 7)
@@ -62,6 +75,51 @@ def main():
     print("\nbest params per shape, shapes where the route is chosen:")
     for i, path in enumerate(args.modules):
         print(f"  {os.path.basename(path)}: geomean {utils.geomean(columns[i]):.1f} us over {len(columns[i])} shapes")
+
+
+def host_us(fn):
+    """Host time of one call, the GPU idle before it (perf_counter, no sync inside)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    end = time.perf_counter()
+    torch.cuda.synchronize()
+    return (end - start) * 1e6
+
+
+def compare_whole(modules, args, flush):
+    names = [os.path.basename(path) for path in args.modules]
+    columns = {name: {"host": [], "median": [], "mean": []} for name in names}
+    for batch, kv in SHAPES:
+        data = reference.generate_input(batch, 1, kv, 7)
+        truth = reference.attention_float64(data)
+        calls = {}
+        for name, module in zip(names, modules, strict=True):
+            module.custom_kernel(data)
+            out = module.custom_kernel(data).double()
+            error = float((out - truth).norm() / truth.norm())
+            assert error < 0.06, (name, error)
+            calls[name] = (lambda module=module, data=data: module.custom_kernel(data))
+        host = {name: [] for name in names}
+        gpu = {name: [] for name in names}
+        for _ in range(args.repeats):
+            for name, fn in calls.items():
+                host[name].append(host_us(fn))
+        for _ in range(args.repeats):
+            for name, fn in calls.items():
+                gpu[name].append(utils.time_call(fn, flush=flush)[1] / 1e3)
+        cells = []
+        for name in names:
+            row = {"host": statistics.median(host[name]), "median": statistics.median(gpu[name]),
+                   "mean": statistics.fmean(gpu[name])}
+            for key, value in row.items():
+                columns[name][key].append(value)
+            cells.append(f"{name}: host {row['host']:.1f} gpu median {row['median']:.1f} mean {row['mean']:.1f}")
+        print(f"bs{batch} kv{kv}: " + " | ".join(cells), flush=True)
+    for name in names:
+        c = columns[name]
+        print(f"geomean {name}: host {utils.geomean(c['host']):.1f} us, gpu median {utils.geomean(c['median']):.1f} "
+              f"us, mean {utils.geomean(c['mean']):.1f} us")
 
 
 if __name__ == "__main__":
