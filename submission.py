@@ -294,7 +294,7 @@ def _specialisation(arg):
 
 def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the second
-    call with the same key straight through the compiled kernel's own launcher (compiled[grid]).
+    call with the same key straight through the compiled kernel's own launcher (compiled[grid], h22).
 
     Why: Triton's dispatcher re-derives every argument's specialisation and the cache key on each
     call; that host time is inside the runner's timing whenever the GPU waits for the launch, and
