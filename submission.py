@@ -12,10 +12,13 @@ constants; route tables (data); input checks; host machinery (launch, caches, wo
 routes (MI355X); Triton kernels; Triton routes and compile plans; the Hopper route (Gluon, sm_90);
 router and custom_kernel. Measurements behind the choices are in NOTES.md under the ids cited.
 """
+import functools
 import inspect
+import json
 import math
 import operator
 import sys
+import time
 
 import torch
 import triton
@@ -83,14 +86,150 @@ KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 # tune.py --write rewrites the literals between the markers; keep them plain literals.
 # BEGIN ROUTE TABLES
 AITER_ROUTE_TABLE = [
-    {"max_batch": 4, "max_kv_len": 1024, "route": "aiter_bf16", "params": {}},
+    {"max_batch": 4, "max_kv_len": 1024, "route": "aiter_bf16", "params": {},
+     "candidates": [
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+     ]},
     {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-    {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"}},
+     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "aiter_bf16", "params": {}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+     ]},
     {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-    {"max_batch": 4, "max_kv_len": None, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+     ]},
     {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
     {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
@@ -98,42 +237,110 @@ AITER_ROUTE_TABLE = [
 ]
 TRITON_ROUTE_TABLE = [
     {"max_batch": 4, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2, "cooperative_merge": True},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+     ]},
     {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
                 "q_scale": "program"}},
     {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+     ]},
     {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
                 "q_scale": "program"}},
     {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 3, "cooperative_merge": True}},
+     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 3, "cooperative_merge": True},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 1, "num_warps": 4, "num_stages": 3, "cooperative_merge": True}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 3, "cooperative_merge": True}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+     ]},
     {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
                 "q_scale": "program"}},
     {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": True},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+     ]},
     {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
      "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
                 "q_scale": "program"}},
     {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2, "cooperative_merge": True},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 64, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+     ]},
     {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
                 "q_scale": "program"}},
     {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "cooperative_merge": True},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+     ]},
     {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
                 "q_scale": "program"}},
     {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2, "cooperative_merge": True},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+     ]},
     {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
                 "q_scale": "program"}},
     {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2, "cooperative_merge": True},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2, "cooperative_merge": True}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+     ]},
     {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
      "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3, "qk_fp8": True,
                 "q_scale": "program"}},
@@ -1779,6 +1986,145 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
 
 
 # =============================================================================================
+# Candidate race (the first call of a shape)
+# A route-table row may list "candidates" ({"route", "params"} each) besides its own route and
+# params, which are its first candidate. On the first call in a process for the shape at the row's
+# bounds (batch == max_batch, kv_len == max_kv_len, uniform lengths: a leaderboard shape),
+# custom_kernel runs every candidate on that call's inputs, drops any that raises or misses its
+# strict bound (ROUTE_INFO) against float32 attention over the bf16 cache, times the others the
+# way the runner does (a flush larger than L2 plus the last-level cache, events around one call,
+# the mean of RACE_REPEATS) and keeps the fastest, unless it beats the first candidate by less
+# than RACE_MARGIN. It returns the kept candidate's checked output for that call and keeps the
+# choice for the process; one line per shape on stderr says what it measured (tune.py --from-log
+# freezes those lines into fixed rows). Other shapes a row covers take its first candidate.
+# Without a GPU nothing is measured (CPU times mean nothing): the first candidate runs.
+# =============================================================================================
+RACE_REPEATS = 10
+RACE_MARGIN = 0.03  # a candidate displaces the row's first one only when at least 3% faster
+RACE_SHAPE_BUDGET_S = 30.0  # per shape, compiles included
+RACE_PROCESS_BUDGET_S = 180.0
+RACE_FLUSH_BYTES = 512 * 1024 * 1024  # > L2 + last-level cache (MI355X: 32 + 256 MiB; H200: 50 MiB)
+RACE_FLUSH_PASSES = 4  # GPU work queued ahead of each timed call, so that its host time hides, as the runner's does
+RACE_TRUTH_ROWS = 4  # batch rows checked against the truth, spread over the batch
+RACE_LINE = "submission.py race"  # how the stderr lines start (tune.py --from-log reads them)
+race_clock = time.perf_counter  # seconds; tests inject their own clock
+race_timer = None  # (candidate, fn) -> mean us; None: CUDA events (GPU only). Tests inject their own.
+_RACE_SPENT_S = [0.0]  # seconds this process has spent racing
+_RACE_FLUSH = {}  # device -> the flush buffer, allocated once
+
+
+def race_candidates(row):
+    """The row's candidates in order: its own route and params first."""
+    return [{"route": row["route"], "params": row["params"]}, *row.get("candidates", ())]
+
+
+def races_here(row, batch, kv_len, uniform):
+    return bool(row.get("candidates")) and uniform and (batch, kv_len) == (row["max_batch"], row["max_kv_len"])
+
+
+def _candidate_label(candidate):
+    return f'{candidate["route"]} {json.dumps(candidate["params"], separators=(",", ":"))}'
+
+
+def _race_truth(q, kv_data, qo_indptr, kv_indptr):
+    """(batch rows, float32 attention of those rows over every token of theirs in the bf16 cache).
+    Reads the indptrs (a GPU->host sync: first call of a shape only)."""
+    batch = kv_indptr.shape[0] - 1
+    rows = sorted({(batch - 1) * i // (RACE_TRUTH_ROWS - 1) for i in range(RACE_TRUTH_ROWS)})
+    q_rows, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
+    kv = kv_data["bf16"][:, 0]
+    truth = []
+    for b in rows:
+        k = kv[kv_bounds[b]:kv_bounds[b + 1]].float()
+        probs = torch.softmax(q[q_rows[b]].float() @ k.T * SM_SCALE, dim=-1)
+        truth.append(probs @ k[:, :V_HEAD_DIM])
+    return [q_rows[b] for b in rows], torch.stack(truth)
+
+
+def _race_time_us(candidate, fn):
+    """Mean time of fn over RACE_REPEATS calls, each after a flush, CUDA events around the call."""
+    device = torch.cuda.current_device()
+    flush = _RACE_FLUSH.get(device)
+    if flush is None:
+        flush = _RACE_FLUSH[device] = torch.empty(RACE_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    total_ms = 0.0
+    for _ in range(RACE_REPEATS):
+        torch.cuda.synchronize()
+        for _ in range(RACE_FLUSH_PASSES):
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        total_ms += start.elapsed_time(end)
+    return total_ms * 1000.0 / RACE_REPEATS
+
+
+def _run_candidate(candidate, data, total_kv, kv_len, uniform, rows, truth):
+    """(output, None) for a candidate within its strict bound, else (None, why not)."""
+    route = candidate["route"]
+    if route not in ROUTES or not row_preconditions_hold(candidate, kv_len, uniform):
+        return None, "not available here"
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    try:
+        check_kv_format(kv_data, ROUTE_INFO[route]["kv_format"], total_kv)
+        out = ROUTES[route](q, kv_data, qo_indptr, kv_indptr, config, **candidate["params"])
+        got = out[rows].float()
+        error = float((got - truth).norm() / truth.norm())
+    except Exception as exc:  # a candidate that cannot run here is reported, not fatal
+        return None, " ".join(f"raised {type(exc).__name__}: {exc}".split())[:160]
+    bound = ROUTE_INFO[route]["rel_l2_bound"]
+    if not error <= bound:  # NaN fails too
+        return None, f"rel L2 {error:.3g} > {bound}"
+    return out, None
+
+
+def race(row, table, data, batch, total_kv, uniform):
+    """Runs the race of `row` for this call: (chosen candidate, its output for this call or None
+    when nothing was measured). Prints the stderr line."""
+    candidates = race_candidates(row)
+    q = data[0]
+    if race_timer is None and q.device.type != "cuda":
+        return candidates[0], None
+    kv_len = total_kv // batch
+    start = race_clock()
+    rows, truth = _race_truth(*data[:4])
+    results, budget_note = [], ""
+    for index, candidate in enumerate(candidates):
+        elapsed = race_clock() - start
+        if index and (elapsed > RACE_SHAPE_BUDGET_S or _RACE_SPENT_S[0] + elapsed > RACE_PROCESS_BUDGET_S):
+            budget_note = f"; budget: stopped after {index} of {len(candidates)} candidates"
+            break
+        out, why_not = _run_candidate(candidate, data, total_kv, kv_len, uniform, rows, truth)
+        if out is not None:
+            mean_us = (race_timer or _race_time_us)(candidate, functools.partial(
+                ROUTES[candidate["route"]], *data, **candidate["params"]))
+            results.append((index, candidate, mean_us, None, out))
+        else:
+            results.append((index, candidate, None, why_not, None))
+    _RACE_SPENT_S[0] += race_clock() - start
+    survivors = [r for r in results if r[2] is not None]
+    if survivors:
+        best = min(survivors, key=lambda r: r[2])
+        first = results[0]
+        if first[2] is not None and best[2] > first[2] * (1.0 - RACE_MARGIN):
+            best = first
+        chosen, chosen_tag, out = best[1], f"[{best[0] + 1}]", best[4]
+    else:
+        catch_all = table[-1]
+        chosen, chosen_tag = {"route": catch_all["route"], "params": catch_all["params"]}, "[catch-all]"
+        out = ROUTES[chosen["route"]](*data, **chosen["params"])
+        budget_note += "; no candidate survived: the table's catch-all row runs"
+    cells = [f"[{i + 1}] {_candidate_label(c)} " + (f"{mean:.1f} us" if mean is not None else f"dropped ({why})")
+             for i, c, mean, why, _ in results]
+    table_name = "AITER_ROUTE_TABLE" if table is AITER_ROUTE_TABLE else "TRITON_ROUTE_TABLE"
+    print(f"{RACE_LINE} {table_name} bs={batch} kv={kv_len}: " + " | ".join(cells)
+          + f" -> chosen {chosen_tag} {_candidate_label(chosen)}{budget_note}", file=sys.stderr, flush=True)
+    return chosen, out
+
+
+# =============================================================================================
 # Router and custom_kernel
 # =============================================================================================
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
@@ -1842,21 +2188,40 @@ def select_route(batch, kv_len, uniform=True, table=None):
                      "a table must end with an always-valid catch-all row")
 
 
-# (batch, kv_len, uniform, id(table)) -> (row, LAST_ROUTE label, kv format, table). The table is
-# kept so that its id stays its own. Tables are data read at call time: replace a table rather
-# than edit it in place (or clear this dict).
+# (batch, kv_len, uniform, id(table)) -> (row, LAST_ROUTE label, kv format, table, race pending).
+# The table is kept so that its id stays its own. Tables are data read at call time: replace a
+# table rather than edit it in place (or clear this dict).
 _SELECTED = {}
 
 
+def _selection(row, table, racing=False):
+    return row, f"{row['route']} {row['params']}", ROUTE_INFO[row["route"]]["kv_format"], table, racing
+
+
 def _route_for(batch, kv_len, uniform):
+    """(cache key, selection) for a shape: the row of the active table, and whether its candidate
+    race is still to run."""
     table = active_route_table()
     key = (batch, kv_len, uniform, id(table))
     hit = _SELECTED.get(key)
     if hit is None:
         row = select_route(batch, kv_len, uniform, table)
-        hit = _SELECTED[key] = (row, f"{row['route']} {row['params']}",
-                                ROUTE_INFO[row["route"]]["kv_format"], table)
-    return hit
+        hit = _SELECTED[key] = _selection(row, table, races_here(row, batch, kv_len, uniform))
+    return key, hit
+
+
+def _settle_race(key, row, table, data, batch, total_kv, uniform):
+    """The first call of a racing shape: race, keep the choice for the process, return this call's
+    output (the chosen candidate's checked one, or a run of it when nothing was measured)."""
+    global LAST_ROUTE
+    chosen, out = race(row, table, data, batch, total_kv, uniform)
+    settled = {"max_batch": row["max_batch"], "max_kv_len": row["max_kv_len"], **chosen}
+    _SELECTED[key] = selection = _selection(settled, table)
+    LAST_ROUTE = selection[1]
+    if out is None:
+        check_kv_format(data[1], selection[2], total_kv)
+        out = ROUTES[chosen["route"]](*data, **chosen["params"])
+    return out
 
 
 def custom_kernel(data: input_t) -> output_t:
@@ -1877,6 +2242,8 @@ def custom_kernel(data: input_t) -> output_t:
     q, kv_data, qo_indptr, kv_indptr, config = data
     batch, total_kv = check_inputs(q, kv_data, qo_indptr, kv_indptr, config)
     uniform = declares_uniform_kv(batch, total_kv, config)
-    row, LAST_ROUTE, kv_format, _ = _route_for(batch, total_kv // batch, uniform)
+    key, (row, LAST_ROUTE, kv_format, table, racing) = _route_for(batch, total_kv // batch, uniform)
+    if racing:
+        return _settle_race(key, row, table, data, batch, total_kv, uniform)
     check_kv_format(kv_data, kv_format, total_kv)
     return ROUTES[row["route"]](q, kv_data, qo_indptr, kv_indptr, config, **row["params"])

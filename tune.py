@@ -4,6 +4,7 @@ proven accuracy margin, pick the fastest, and (with --write) rewrite the route-t
 
     python tune.py [SPEC] [--quick] [--write] [--json PATH] [--chart PATH] [--cache PATH]
                    [--max-minutes M] [--seeds K] [--routes R1,R2] [--grid JSON] [...]
+    python tune.py --from-log FILE [--write] [--submission PATH]
 
 For each case (shape) of SPEC (default specs/benchmarks.txt on a GPU, specs/cpu.txt without one):
 - candidates: every route in submission.ROUTES (aiter routes only where submission.HAVE_AITER) x
@@ -34,8 +35,17 @@ are skipped), then a catch-all row (max_batch None, max_kv_len None) with the fa
 always-valid portable configuration (page size 1) of the largest shape. The new text is compiled and
 imported as a module before it replaces the file (atomically).
 
-Exit codes: 0 done; 1 a shape has no eligible configuration (nothing written); 2 bad arguments;
-3 stopped by --max-minutes (partial results are cached; rerun to resume; nothing written).
+Rows may carry "candidates" (raced by the submission on the first call of the row's shape): the
+writer keeps them, one per line under the row. --from-log FILE runs no sweep: it reads the
+"submission.py race ..." lines the submission printed (FILE "-" = stdin; other text around them is
+ignored) and freezes each line's chosen route and params into a fixed row (no candidates) of its
+table: the row with the shape's bounds is replaced, or the row is inserted before the first row
+that matches the shape; for several lines of one shape the last wins. It prints a line per race
+and the changed tables, and with --write writes them (checked as above).
+
+Exit codes: 0 done; 1 a shape has no eligible configuration (nothing written); 2 bad arguments (or
+no race line in --from-log's FILE); 3 stopped by --max-minutes (partial results are cached; rerun
+to resume; nothing written).
 """
 import argparse
 import ast
@@ -730,35 +740,74 @@ def _py_literal(value):
     raise TuneError(f"cannot write {value!r} into a route table")
 
 
+ROW_KEYS = ("max_batch", "max_kv_len", "route", "params", "candidates")
+CANDIDATE_KEYS = ("route", "params")
+
+
+def _check_keys(item, allowed, what):
+    """A row or candidate key the writer does not know would be silently lost: refuse it."""
+    unknown = [k for k in item if k not in allowed]
+    if unknown:
+        raise TuneError(f"cannot write the {what} key(s) {', '.join(map(repr, unknown))} into a route table")
+
+
 def format_table(name, rows, width=100):
-    """`NAME = [` + one row per line (params on a continuation line when long) + `]`."""
+    """`NAME = [` + one row per line (params on a continuation line when long; a row's "candidates"
+    one per line below it) + `]`. Every line is at most `width` characters unless one parameter
+    alone is longer."""
     lines = [f"{name} = ["]
     for row in rows:
-        head = (f'{{"max_batch": {_py_literal(row["max_batch"])}, "max_kv_len": '
-                f'{_py_literal(row["max_kv_len"])}, "route": {_py_literal(row["route"])},')
-        tail = f'"params": {_py_literal(row["params"])}}},'
-        if len(f"    {head} {tail}") <= width:
-            lines.append(f"    {head} {tail}")
-        else:
-            lines.append(f"    {head}")
-            lines += _wrapped_params(row["params"], width)
+        lines += _row_lines(row, width)
     lines.append("]")
     return "\n".join(lines)
 
 
-def _wrapped_params(params, width):
-    """`"params": {...}},` as continuation lines of at most `width` characters (items wrap)."""
-    lines, line = [], '     "params": {'
+def _row_lines(row, width):
+    """The lines of one row: its head and params, then its candidates (if any), each on its own
+    line(s) indented under the row, so that a race's entrants read as a list."""
+    _check_keys(row, ROW_KEYS, "row")
+    head = (f'    {{"max_batch": {_py_literal(row["max_batch"])}, "max_kv_len": '
+            f'{_py_literal(row["max_kv_len"])}, "route": {_py_literal(row["route"])},')
+    candidates = row.get("candidates")
+    if candidates is None:
+        return _with_params(head, row["params"], 5, "},", width)
+    if not isinstance(candidates, list):
+        raise TuneError(f"a row's candidates must be a list, not {candidates!r}")
+    if not candidates:
+        return _with_params(head, row["params"], 5, ",", width) + ['     "candidates": []},']
+    lines = _with_params(head, row["params"], 5, ",", width) + ['     "candidates": [']
+    for candidate in candidates:
+        if not isinstance(candidate, dict):
+            raise TuneError(f"a candidate must be a dict {{'route', 'params'}}, not {candidate!r}")
+        _check_keys(candidate, CANDIDATE_KEYS, "candidate")
+        lines += _with_params(f'         {{"route": {_py_literal(candidate["route"])},', candidate["params"],
+                              10, "},", width)
+    return lines + ["     ]},"]
+
+
+def _with_params(head, params, indent, close, width):
+    """`head "params": {...}close` on one line when it fits in `width`, else `head` alone and the
+    params wrapped below it at `indent` spaces."""
+    line = f'{head} "params": {_py_literal(params)}{close}'
+    if len(line) <= width:
+        return [line]
+    return [head] + _wrapped_params(params, width, indent, close)
+
+
+def _wrapped_params(params, width, indent=5, close="},"):
+    """`"params": {...}` + close as continuation lines of at most `width` characters (items wrap,
+    aligned under the first item)."""
+    lines, line = [], " " * indent + '"params": {'
     items = [f"{_py_literal(k)}: {_py_literal(v)}" for k, v in params.items()]
     for i, item in enumerate(items):
-        item += "," if i < len(items) - 1 else "}},"
+        item += "," if i < len(items) - 1 else "}" + close
         if line.endswith("{") or len(f"{line} {item}") <= width:
             line = line + item if line.endswith("{") else f"{line} {item}"
         else:
             lines.append(line)
-            line = "                " + item
+            line = " " * (indent + len('"params": {')) + item
     if not items:
-        line += "}},"
+        line += "}" + close
     return lines + [line]
 
 
@@ -822,7 +871,10 @@ _verify_serial = itertools.count()
 
 
 def _check_routing(module, name, rows, shapes):
-    """Every tuned shape must select its own row and anything else must find the catch-all."""
+    """Every tuned shape must select its own row (the first row with its bounds that runs here; a
+    row's own route and params, its candidates included, are what select_route returns) and
+    anything else must find the catch-all. A shape none of whose rows runs here (a Hopper row
+    alone, off sm_90) only has to route somewhere."""
     table = getattr(module, name)
     if table != rows:
         raise TuneError(f"the new module's {name} differs from the rows written")
@@ -836,7 +888,7 @@ def _check_routing(module, name, rows, shapes):
         own = next((r for r in rows if (r["max_batch"], r["max_kv_len"]) == (batch, kv_len)
                     and runs_here(r, kv_len, True)), None)
         got = select(batch, kv_len, True, table=table)
-        if got != own:
+        if own is not None and got != own:  # None: no row of the shape runs here (a Hopper row alone)
             raise TuneError(f"bs={batch} kv={kv_len} selects {got}, not its own row {own}")
     for batch, kv_len in ((1, 1), (3, 1031), (10**6, 10**7)):
         select(batch, kv_len, False, table=table)  # raises without an always-valid catch-all
@@ -895,6 +947,323 @@ def write_table(path, name, rows, shapes=()):
         if tmp and os.path.exists(tmp):
             os.remove(tmp)
     return new_text
+
+
+# ---------------------------------------------------------------------------------------------
+# Freezing the submission's candidate races (--from-log): no GPU, no inputs, only text
+#
+# On the first call of a shape at a racing row's bounds, submission.py prints one line on stderr:
+#   submission.py race TABLE bs=B kv=K: [1] ROUTE {PARAMS} 18.2 us | [2] ROUTE {PARAMS} dropped (WHY)
+#     -> chosen [N|catch-all] ROUTE {PARAMS}[; budget: stopped after I of J candidates]
+#     [; no candidate survived: the table's catch-all row runs]
+# (one line; PARAMS compact JSON). --from-log turns each such line into a fixed row of TABLE, so
+# that the next submission runs the measured winner without racing.
+
+RACE_HEAD_RE = re.compile(r"submission\.py race (?P<table>[A-Za-z_]\w*) bs=(?P<batch>\d+) kv=(?P<kv_len>\d+): ")
+RACE_CELL_RE = re.compile(r"\[(?P<index>\d+)\] (?P<route>\S+) ")
+RACE_CHOSEN_RE = re.compile(r"\[(?P<tag>\d+|catch-all)\] (?P<route>\S+) ")
+RACE_TIME_RE = re.compile(r" (?P<us>\S+) us")
+RACE_DROPPED_RE = re.compile(r" dropped \((?P<why>.*)\)")
+RACE_BUDGET_RE = re.compile(r"; budget: (?P<note>stopped after \d+ of \d+ candidates)")
+RACE_NO_SURVIVOR = "; no candidate survived"
+RACE_CELL_SEP, RACE_CHOSEN_SEP = " | ", " -> chosen "
+
+
+def _json_params_at(text, pos):
+    """(params dict, end offset) of the compact JSON object starting at text[pos]: raw_decode
+    finds where it ends, so a value holding spaces or brackets cannot confuse the split."""
+    try:
+        params, end = json.JSONDecoder().raw_decode(text, pos)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"params are not JSON at {text[pos:pos + 40]!r}: {exc.msg}") from exc
+    if not isinstance(params, dict):
+        raise ValueError(f"params must be a JSON object, not {params!r}")
+    return params, end
+
+
+def _parse_race_cell(text, position):
+    """One `[N] route {params} 12.3 us` or `[N] route {params} dropped (why)` cell as a dict
+    {index, route, params, time_us (None when dropped), dropped (the reason, or None)}."""
+    m = RACE_CELL_RE.match(text)
+    if not m:
+        raise ValueError(f"candidate {position} is not '[N] route {{params}} ...': {text[:60]!r}")
+    if int(m["index"]) != position:
+        raise ValueError(f"candidate {position} is numbered [{m['index']}]")
+    params, end = _json_params_at(text, m.end())
+    rest = text[end:]
+    timed, dropped = RACE_TIME_RE.fullmatch(rest), RACE_DROPPED_RE.fullmatch(rest)
+    if timed:
+        try:
+            time_us = float(timed["us"])
+        except ValueError:
+            raise ValueError(f"candidate {position}: {timed['us']!r} is not a time in us") from None
+        return {"index": position, "route": m["route"], "params": params, "time_us": time_us, "dropped": None}
+    if dropped:
+        return {"index": position, "route": m["route"], "params": params, "time_us": None,
+                "dropped": dropped["why"]}
+    raise ValueError(f"candidate {position} ends in neither 'N us' nor 'dropped (why)': {rest[:60]!r}")
+
+
+def _check_race_choice(parsed):
+    """The chosen tag must agree with the cells: a numbered choice is a timed candidate with the
+    same route and params; [catch-all] only when no candidate was timed. A line that disagrees
+    with itself was cut or edited, and freezing it would freeze a guess."""
+    timed = [c for c in parsed["candidates"] if c["time_us"] is not None]
+    if parsed["chosen"] == "catch-all":
+        if timed:
+            raise ValueError(f"[catch-all] chosen although [{timed[0]['index']}] was timed")
+        return
+    index = parsed["chosen"]
+    if not 1 <= index <= len(parsed["candidates"]):
+        raise ValueError(f"chosen [{index}] is not among the {len(parsed['candidates'])} candidates")
+    cell = parsed["candidates"][index - 1]
+    if cell["time_us"] is None:
+        raise ValueError(f"chosen [{index}] was dropped ({cell['dropped']})")
+    if (cell["route"], cell["params"]) != (parsed["route"], parsed["params"]):
+        raise ValueError(f"chosen [{index}] names {parsed['route']} {parsed['params']}, its cell "
+                         f"{cell['route']} {cell['params']}")
+
+
+def parse_race_line(text):
+    """The race line found anywhere in `text` (one line of a log: a prefix such as a timestamp,
+    trailing text and surrounding spaces are ignored) as a dict: table, batch, kv_len, candidates
+    (see _parse_race_cell), chosen (1-based index or "catch-all"), route and params (the chosen
+    ones), budget (e.g. "stopped after 1 of 3 candidates", or None), no_survivor (bool) and line
+    (the race text itself). None for a line without `submission.py race TABLE bs=B kv=K: `;
+    ValueError for such a line that does not parse (cut, edited): freezing it would be a guess."""
+    head = RACE_HEAD_RE.search(text)
+    if head is None:
+        return None
+    body = text[head.end():].rstrip()
+    cells_text, sep, chosen_text = body.partition(RACE_CHOSEN_SEP)
+    if not sep:
+        raise ValueError(f"no '{RACE_CHOSEN_SEP.strip()}' in the race line (cut?)")
+    candidates = [_parse_race_cell(cell, i) for i, cell in enumerate(cells_text.split(RACE_CELL_SEP), 1)]
+    chosen = RACE_CHOSEN_RE.match(chosen_text)
+    if chosen is None:
+        raise ValueError(f"'-> chosen' is not followed by '[N] route {{params}}': {chosen_text[:60]!r}")
+    params, end = _json_params_at(chosen_text, chosen.end())
+    tail = chosen_text[end:]
+    budget = RACE_BUDGET_RE.search(tail)
+    parsed = {"table": head["table"], "batch": int(head["batch"]), "kv_len": int(head["kv_len"]),
+              "candidates": candidates,
+              "chosen": "catch-all" if chosen["tag"] == "catch-all" else int(chosen["tag"]),
+              "route": chosen["route"], "params": params, "budget": budget["note"] if budget else None,
+              "no_survivor": RACE_NO_SURVIVOR in tail, "line": text[head.start():].strip()}
+    _check_race_choice(parsed)
+    return parsed
+
+
+def read_race_lines(text, warn=_log):
+    """[(line number, parsed)] of every race line in a log's text; a line that names a race but
+    does not parse is reported through `warn` and skipped."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            parsed = parse_race_line(line)
+        except ValueError as exc:
+            warn(f"tune.py: line {number}: a race line that does not parse, skipped: {exc}")
+            continue
+        if parsed is not None:
+            found.append((number, parsed))
+    return found
+
+
+def _shape_key(parsed):
+    return parsed["table"], parsed["batch"], parsed["kv_len"]
+
+
+def last_per_shape(parsed_lines):
+    """(kept, superseded): the last line of each (table, batch, kv_len), in the order of the
+    lines, and [(position, position of the line that supersedes it)] for the others (positions
+    are indexes into parsed_lines). The last line wins: it is the latest measurement."""
+    last = {_shape_key(p): i for i, p in enumerate(parsed_lines)}
+    kept = [p for i, p in enumerate(parsed_lines) if last[_shape_key(p)] == i]
+    superseded = [(i, last[_shape_key(p)]) for i, p in enumerate(parsed_lines) if last[_shape_key(p)] != i]
+    return kept, superseded
+
+
+def _matches(row, batch, kv_len):
+    """The row's bounds hold for the shape (None = unbounded), as select_route reads them."""
+    return ((row["max_batch"] is None or batch <= row["max_batch"])
+            and (row["max_kv_len"] is None or kv_len <= row["max_kv_len"]))
+
+
+def _raced_row_index(rows, parsed):
+    """Index of the row the line's race ran for: among the rows whose bounds are the shape, the
+    one whose own route and params are the line's candidate [1] (a Hopper row and its portable
+    follower share bounds), else the first of them; None when no row has those bounds."""
+    same = [i for i, r in enumerate(rows) if (r["max_batch"], r["max_kv_len"]) == (parsed["batch"], parsed["kv_len"])]
+    first = parsed["candidates"][0] if parsed["candidates"] else None
+    for i in same:
+        if first and (rows[i]["route"], rows[i]["params"]) == (first["route"], first["params"]):
+            return i
+    return same[0] if same else None
+
+
+def _portable_follower(rows, index, parsed, replaced, portable):
+    """A portable row to put after a frozen non-portable one (ROUTE_INFO "portable": False, the
+    Hopper route), which the submission requires for the same bounds: None when a portable row
+    with those bounds already follows, else the line's fastest timed portable candidate, else the
+    replaced row's own route and params when portable, else None (nothing known to be safe)."""
+    bounds = (parsed["batch"], parsed["kv_len"])
+    if any((r["max_batch"], r["max_kv_len"]) == bounds and portable(r["route"]) for r in rows[index + 1:]):
+        return None
+    timed = sorted((c for c in parsed["candidates"] if c["time_us"] is not None and portable(c["route"])),
+                   key=lambda c: c["time_us"])
+    if timed:
+        return table_row(timed[0]["route"], timed[0]["params"], *bounds)
+    if replaced is not None and portable(replaced["route"]):
+        return table_row(replaced["route"], replaced["params"], *bounds)
+    return None
+
+
+def freeze_row(rows, parsed, portable=None):
+    """(new rows, action) for one parsed race line: the fixed row {max_batch: bs, max_kv_len: kv,
+    route, params} of the chosen candidate (no "candidates": the measured choice is frozen)
+    replaces the row that raced (see _raced_row_index), or, when no row has the shape's bounds, is
+    inserted before the first row that matches the shape (the one select_route picks now).
+    `portable(route)` (optional): when False for the chosen route, a portable follower is added
+    after it where none follows. action: {"index", "replaced" (the old row or None), "follower"}."""
+    fixed = table_row(parsed["route"], parsed["params"], parsed["batch"], parsed["kv_len"])
+    rows = [dict(r) for r in rows]
+    index = _raced_row_index(rows, parsed)
+    replaced = None
+    if index is not None:
+        replaced = rows[index]
+        rows[index] = fixed
+    else:
+        index = next((i for i, r in enumerate(rows) if _matches(r, parsed["batch"], parsed["kv_len"])), len(rows))
+        rows.insert(index, fixed)
+    follower = None
+    if portable is not None and not portable(fixed["route"]):
+        follower = _portable_follower(rows, index, parsed, replaced, portable)
+        if follower is not None:
+            rows.insert(index + 1, follower)
+    return rows, {"index": index, "replaced": replaced, "follower": follower}
+
+
+def _freeze(tables, parsed_lines, portable=None):
+    """(new tables, [action per kept line]) of freeze_rows (actions as freeze_row's, with the
+    line's parsed dict under "parsed")."""
+    new_tables = {name: [dict(r) for r in rows] for name, rows in tables.items()}
+    kept, _ = last_per_shape(parsed_lines)
+    actions = []
+    for parsed in kept:
+        if parsed["table"] not in new_tables:
+            raise TuneError(f"{parsed['table']} (bs={parsed['batch']} kv={parsed['kv_len']}) is not a route "
+                            f"table of the submission ({', '.join(new_tables) or 'none'})")
+        new_tables[parsed["table"]], action = freeze_row(new_tables[parsed["table"]], parsed, portable)
+        actions.append(dict(action, parsed=parsed))
+    return new_tables, actions
+
+
+def freeze_rows(tables, parsed_lines, portable=None):
+    """{name: rows} with every parsed race line frozen into a fixed row of its table (the last
+    line of a shape wins; see freeze_row). `tables` is not modified; every table is returned."""
+    return _freeze(tables, parsed_lines, portable)[0]
+
+
+def route_info_of(text):
+    """The submission's ROUTE_INFO read from its source text as a literal ({} when it is not
+    one): enough to know which routes are portable without importing torch or the kernels."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "ROUTE_INFO"):
+            try:
+                info = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            return info if isinstance(info, dict) else {}
+    return {}
+
+
+def _label(route, params):
+    return f"{route} {json.dumps(params, separators=(',', ':'))}"
+
+
+def _row_text(row):
+    extra = f" + {len(row['candidates'])} candidates" if row.get("candidates") else ""
+    return f"{_label(row['route'], row['params'])}{extra}"
+
+
+def race_summary(number, action):
+    """One human line per frozen race line: shape, what was chosen (and measured), what it
+    replaced or where it went, and the notes the line carried."""
+    p = action["parsed"]
+    tag = "[catch-all]" if p["chosen"] == "catch-all" else f"[{p['chosen']}]"
+    timed = {c["index"]: c["time_us"] for c in p["candidates"] if c["time_us"] is not None}
+    measured = f" {timed[p['chosen']]:.1f} us" if p["chosen"] in timed else ""
+    if p["chosen"] not in (1, "catch-all") and 1 in timed:
+        measured += f" vs [1] {timed[1]:.1f} us"
+    dropped = sum(c["dropped"] is not None for c in p["candidates"])
+    text = (f"line {number}: {p['table']} bs={p['batch']} kv={p['kv_len']}: chosen {tag} "
+            f"{_label(p['route'], p['params'])}{measured} ({len(timed)} timed, {dropped} dropped); ")
+    if action["replaced"] is not None:
+        text += f"replaces row {action['index'] + 1} ({_row_text(action['replaced'])})"
+    else:
+        text += f"no row with these bounds: inserted as row {action['index'] + 1}"
+    if action["follower"] is not None:
+        text += f"; portable follower added: {_row_text(action['follower'])}"
+    if p["chosen"] == "catch-all":
+        text += "; NOTE: no candidate survived, the catch-all row's route is frozen for this shape"
+    if p["budget"]:
+        text += f"; NOTE: budget {p['budget']}: not every candidate was measured"
+    return text
+
+
+def from_log(log_path, submission_path, write=False, out=print):
+    """--from-log: freeze the race lines of the log at `log_path` ("-": stdin) into the route
+    tables of the submission at `submission_path`; print a summary per line and the changed
+    tables; with `write`, rewrite them through write_table (compile, import, routing checked).
+    Returns the exit code (EXIT_BAD_ARGS when the log holds no race line)."""
+    try:
+        if log_path == "-":
+            log_text = sys.stdin.read()
+        else:
+            with open(log_path, encoding="utf-8", errors="replace") as f:
+                log_text = f.read()
+        with open(submission_path, encoding="utf-8") as f:
+            sub_text = f.read()
+    except OSError as exc:
+        raise TuneError(f"--from-log: {exc}") from exc
+    found = read_race_lines(log_text)
+    if not found:
+        print(f"tune.py: no race line ('submission.py race TABLE bs=B kv=K: ... -> chosen ...') in "
+              f"{log_path}: nothing to freeze", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    numbers, parsed_lines = [n for n, _ in found], [p for _, p in found]
+    info = route_info_of(sub_text)
+    tables = read_tables(sub_text)
+    new_tables, actions = _freeze(tables, parsed_lines, lambda r: info.get(r, {}).get("portable", True))
+    superseded = dict(last_per_shape(parsed_lines)[1])
+    for i, later in superseded.items():
+        p = parsed_lines[i]
+        out(f"line {numbers[i]}: {p['table']} bs={p['batch']} kv={p['kv_len']}: superseded by line "
+            f"{numbers[later]} (several lines for one shape: the last one wins)")
+    kept_numbers = [n for i, n in enumerate(numbers) if i not in superseded]  # the order of _freeze's actions
+    for number, action in zip(kept_numbers, actions, strict=True):
+        out(race_summary(number, action))
+    changed = [name for name in new_tables if new_tables[name] != tables[name]]
+    for name in changed:
+        out(f"\n{format_table(name, new_tables[name])}")
+    if not changed:
+        out("\nthe tables already hold these rows: nothing to change")
+    if write:
+        import utils  # importing the submission needs the project's environment (task, reference)
+
+        utils.prepare_environment()
+        for name in changed:
+            shapes = [(a["parsed"]["batch"], a["parsed"]["kv_len"]) for a in actions if a["parsed"]["table"] == name]
+            write_table(submission_path, name, new_tables[name], shapes)
+            out(f"written into {submission_path} (only {name} between the markers changed)")
+    elif changed:
+        out("(not written: add --write)")
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1101,6 +1470,9 @@ def _parser():
                         "62.5 GiB randn (15 ms per call; times as the leaderboard sees them)")
     p.add_argument("--top", type=int, default=None, help="print only the N best configurations per case")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--from-log", default=None, metavar="FILE",
+                   help="no sweep: freeze the 'submission.py race' lines of FILE ('-': stdin) into fixed "
+                        "rows of their tables (printed; written with --write); no GPU needed")
     return p
 
 
@@ -1122,6 +1494,8 @@ def main(argv=None):
         return EXIT_OK if exc.code == 0 else EXIT_BAD_ARGS
     started = time.time()
     try:
+        if args.from_log is not None:
+            return from_log(args.from_log, args.submission, write=args.write)
         return _main(args, started)
     except TuneError as exc:
         print(f"tune.py: {exc}", file=sys.stderr)

@@ -5,15 +5,17 @@ CUDA events around one call); medians, then the geomean per (module, params) col
     python bench/ab_probe.py A.py B.py [C.py ...] [--route hopper_fp8] [--params JSON-list] [--repeats 40]
     python bench/ab_probe.py A.py B.py --whole [--l2-flush runner] [--repeats 30]
 
---whole: each module's custom_kernel as a whole (its own table, its checks and launch path), checked
-against float64 attention (rel. L2 within 0.06), then its host time per call (perf_counter, the
-GPU idle before) and its GPU time (median and mean), interleaved across modules.
+--whole: each module's custom_kernel as a whole (its own table, its checks and launch path): the
+wall time of its first call on each shape (where a candidate race runs) and the route it then
+keeps; checked against float64 attention (rel. L2 within 0.06); then its host time per call
+(perf_counter, the GPU idle before) and its GPU time (median and mean), interleaved across modules.
 
 Parameter sets per shape: each module's own table row for the route (rows of other routes are
 skipped), plus --extra '[{"bs": 4, "kv": 8192, "params": {...}}, ...]'. Each output is checked
 against the reference first (--no-check: ablations that skip work on purpose).
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -93,9 +95,10 @@ def compare_whole(modules, args, flush):
     for batch, kv in SHAPES:
         data = reference.generate_input(batch, 1, kv, 7)
         truth = reference.attention_float64(data)
-        calls = {}
+        calls, firsts = {}, []
         for name, module in zip(names, modules, strict=True):
-            module.custom_kernel(data)
+            first_ms = host_us(functools.partial(module.custom_kernel, data)) / 1e3  # a race runs here
+            firsts.append(f"{name}: first call {first_ms:.0f} ms, then {getattr(module, 'LAST_ROUTE', '?')}")
             out = module.custom_kernel(data).double()
             error = float((out - truth).norm() / truth.norm())
             assert error < 0.06, (name, error)
@@ -115,6 +118,7 @@ def compare_whole(modules, args, flush):
             for key, value in row.items():
                 columns[name][key].append(value)
             cells.append(f"{name}: host {row['host']:.1f} gpu median {row['median']:.1f} mean {row['mean']:.1f}")
+        print(f"bs{batch} kv{kv}: " + " | ".join(firsts), flush=True)
         print(f"bs{batch} kv{kv}: " + " | ".join(cells), flush=True)
     for name in names:
         c = columns[name]

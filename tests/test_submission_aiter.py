@@ -438,7 +438,7 @@ SMALL_SHAPES = [  # (batch, kv_len, kv_lens): one or more per row of the default
     (72, 128, None),  # persistent, 8 splits (kv <= 1024)
     (4, 1032, None),  # persistent, 16 splits (bs <= 4)
     (3, 0, (1500, 1100, 1301)),  # ragged, bs <= 4: the same row
-    (5, 1032, None),  # persistent, 8 splits (kv <= 8192)
+    (5, 1032, None),  # persistent, 8 splits (bs <= 32, kv <= 8192)
     (5, 8200, None),  # the catch-all (kv > 8192): per-tensor q, 32 splits
 ]
 
@@ -456,15 +456,21 @@ def test_custom_kernel_runs_the_selected_row_accurately(loaded, batch, kv_len, k
     assert _route_error(reference, out, expected) <= mod.ROUTE_INFO[row["route"]]["rel_l2_bound"]
 
 
-def test_the_default_table_rows_are_all_reached_by_the_small_shapes(runner_aiter, make_input):
+LARGE_SHAPES = [  # the rows the small shapes cannot reach (selection only: no inputs are made)
+    (256, 1024, None),  # the racing row of bs 256 / kv 1024
+    (300, 16, None),  # persistent, 8 splits (kv <= 1024, bs > 256)
+    (40, 1032, None),  # the racing row of bs 64 / kv 8192
+    (200, 2048, None),  # the racing row of bs 256 / kv 8192
+    (300, 2048, None),  # persistent, 8 splits (kv <= 8192, bs > 256)
+]
+
+
+def test_the_default_table_rows_are_all_reached(runner_aiter):
     mod = runner_aiter.module
     reached = set()
-    for batch, kv_len, kv_lens in SMALL_SHAPES:
-        data, _ = make_input(batch, kv_len, kv_lens=kv_lens)
-        total_kv = data[1]["fp8"][0].shape[0]
-        uniform = mod.declares_uniform_kv(batch, total_kv, data[4])
-        reached.add(mod.AITER_ROUTE_TABLE.index(mod.select_route(batch, total_kv // batch,
-                                                                 uniform)))
+    for batch, kv_len, kv_lens in SMALL_SHAPES + LARGE_SHAPES:
+        total_kv = sum(kv_lens) if kv_lens else batch * kv_len
+        reached.add(mod.AITER_ROUTE_TABLE.index(mod.select_route(batch, total_kv // batch, kv_lens is None)))
     assert reached == set(range(len(mod.AITER_ROUTE_TABLE)))
 
 

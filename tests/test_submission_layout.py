@@ -18,6 +18,7 @@ SECTIONS = (  # titles (their first words) in reading order
     "Triton kernels",
     "Triton routes and compile plans",
     "Hopper route",
+    "Candidate race",
     "Router and custom_kernel",
 )
 RULE = "# " + "=" * 20

@@ -66,8 +66,10 @@ def test_rows_are_well_formed_and_end_with_an_always_valid_catch_all(without_ait
     mod = without_aiter
     table = getattr(mod, table_name)
     for row in table:
-        assert set(row) == {"max_batch", "max_kv_len", "route", "params"}, row
-        assert row["route"] in mod.ROUTE_INFO and isinstance(row["params"], dict)
+        assert set(row) - {"candidates"} == {"max_batch", "max_kv_len", "route", "params"}, row
+        for candidate in mod.race_candidates(row):
+            assert set(candidate) == {"route", "params"}, candidate
+            assert candidate["route"] in mod.ROUTE_INFO and isinstance(candidate["params"], dict)
     last = table[-1]
     assert last["max_batch"] is None and last["max_kv_len"] is None
     assert last["params"].get("page_size", 1) == 1

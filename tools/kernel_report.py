@@ -12,7 +12,8 @@ proof remains ``popcorn-cli submit --leaderboard amd-mixed-mla --gpu MI355X --mo
 submission.py`` on the real runner. tests/test_kernel_report.py holds the report to a bar in CI.
 
 What is compiled (read from the module, never pasted here)
-    Rows: every row of ``TRITON_ROUTE_TABLE`` (when the module has one) plus the optional
+    Rows: every row of ``TRITON_ROUTE_TABLE`` (when the module has one) and the candidates it races,
+    the Triton candidates of ``AITER_ROUTE_TABLE``, plus the optional
     module-level list ``TRITON_EXTRA_CONFIGS`` (rows ``{"route": ..., "params": {...}}``),
     de-duplicated on (route, params). For each row and target the tool calls
     ``triton_compile_plan(route, params, fp8_dtype)`` (fp8_dtype "fp8e4nv" for gfx950 and sm90,
@@ -148,6 +149,7 @@ TARGETS = {
 TARGET_ALIASES = {"sm_90": "sm90", "sm_90a": "sm90", "sm90a": "sm90", "mi355x": "gfx950",
                   "mi300x": "gfx942", "h100": "sm90", "h200": "sm90"}
 DEFAULT_TARGETS = ("gfx950", "gfx942", "sm90")
+AITER_TARGETS = {name for name, spec in TARGETS.items() if spec.is_amd}  # where the aiter table is active
 
 # AMD CDNA3/CDNA4 register file and wave limits (see the module docstring).
 AMD_VGPRS_PER_LANE = 512
@@ -597,16 +599,27 @@ def discover_rows(module, tables_module=None):
     rows = {}
     tables = tables_module if tables_module is not None else module
     sources = [("TRITON_ROUTE_TABLE", getattr(tables, "TRITON_ROUTE_TABLE", None) or []),
-               ("TRITON_EXTRA_CONFIGS", getattr(tables, "TRITON_EXTRA_CONFIGS", None) or [])]
+               ("TRITON_EXTRA_CONFIGS", getattr(tables, "TRITON_EXTRA_CONFIGS", None) or []),
+               ("AITER_ROUTE_TABLE", getattr(tables, "AITER_ROUTE_TABLE", None) or [])]
     if tables is not module:
         sources.append(("TRITON_EXTRA_CONFIGS", getattr(module, "TRITON_EXTRA_CONFIGS", None) or []))
+    compiled_routes = getattr(module, "TRITON_COMPILE_PLANS", None)
     for table_name, table in sources:
         for i, row in enumerate(table):
-            params = dict(row.get("params") or {})
-            key = (row["route"], _params_key(params))
-            entry = rows.setdefault(key, {"route": row["route"], "params": params, "sources": []})
-            entry["sources"].append(f"{table_name}[{i}]")
-    return list(rows.values())
+            # a row's own route, then the candidates it races on a first call (Triton ones only: the
+            # aiter table's aiter routes have nothing to compile)
+            for j, candidate in enumerate([row, *(row.get("candidates") or [])]):
+                if table_name == "AITER_ROUTE_TABLE" and (compiled_routes is None
+                                                          or candidate["route"] not in compiled_routes):
+                    continue
+                params = dict(candidate.get("params") or {})
+                key = (candidate["route"], _params_key(params))
+                entry = rows.setdefault(key, {"route": candidate["route"], "params": params, "sources": [],
+                                              "targets": set()})
+                entry["sources"].append(f"{table_name}[{i}]" + (f".candidates[{j - 1}]" if j else ""))
+                # the aiter table runs only where aiter does (AMD); a row any other list names runs anywhere
+                entry["targets"] |= AITER_TARGETS if table_name == "AITER_ROUTE_TABLE" else set(TARGETS)
+    return [dict(row, targets=sorted(row["targets"])) for row in rows.values()]
 
 
 def complete_plan_entry(entry):
@@ -766,7 +779,8 @@ def worker(target, module_path, dump_dir=None, tables_path=None):
         if not plan:
             out["rows_without_kernels"].append(config_label(row["route"], row["params"]))
         for entry in plan:
-            if entry.get("targets") is not None and target not in entry["targets"]:
+            if (entry.get("targets") is not None and target not in entry["targets"]) or target not in row.get(
+                    "targets", TARGETS):
                 other_targets.append(entry["kernel"])
                 continue
             try:
