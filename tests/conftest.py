@@ -47,3 +47,27 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def real_file_guard(repo_root, monkeypatch):
+    """Fails a test that would replace the real submission.py (tune.py writes only through
+    os.replace). Hashing the file instead would flag engineers editing it during a test run."""
+    import tune
+
+    real = (repo_root / "submission.py").resolve()
+    replace = tune.os.replace
+
+    def guarded(src, dst, *args, **kwargs):
+        assert Path(dst).resolve() != real, "a test tried to rewrite the real submission.py"
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(tune.os, "replace", guarded)
+
+
+@pytest.fixture
+def sub_copy(tmp_path, repo_root, real_file_guard):
+    """A copy of submission.py to rewrite (a write aimed at the real file fails the test)."""
+    path = tmp_path / "submission.py"
+    path.write_bytes((repo_root / "submission.py").read_bytes())
+    return path

@@ -5,7 +5,6 @@ CPU only, no kernel runs: the command line is run on a COPY of submission.py in 
 file is guarded as in test_tune.py).
 """
 import io
-from pathlib import Path
 
 import pytest
 
@@ -21,22 +20,6 @@ LINE_CATCH_ALL = ('submission.py race AITER_ROUTE_TABLE bs=4 kv=1024: [1] aiter_
                   ' RuntimeError: x) -> chosen [catch-all] aiter_a8w8_persistent {"page_size":1,"num_splits":32,'
                   '"q_scale":"tensor"}; no candidate survived: the table\'s catch-all row runs')
 A8W8_32 = {"page_size": 1, "num_splits": 32, "q_scale": "tensor"}
-
-
-@pytest.fixture
-def sub_copy(tmp_path, repo_root, monkeypatch):
-    """A copy of submission.py; a write aimed at the real file fails the test."""
-    real = (repo_root / "submission.py").resolve()
-    replace = tune.os.replace
-
-    def guarded(src, dst, *args, **kwargs):
-        assert Path(dst).resolve() != real, "a test tried to rewrite the real submission.py"
-        return replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(tune.os, "replace", guarded)
-    path = tmp_path / "submission.py"
-    path.write_bytes((repo_root / "submission.py").read_bytes())
-    return path
 
 
 def _row(batch, kv_len, route, params=None, **extra):
