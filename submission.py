@@ -2088,6 +2088,11 @@ def race(row, table, data, batch, total_kv, uniform):
     if race_timer is None and q.device.type != "cuda":
         return candidates[0], None
     kv_len = total_kv // batch
+    try:
+        check_kv_format(data[1], "bf16", total_kv)  # the truth is computed from it
+    except ValueError as exc:
+        print(f"{RACE_LINE} skipped bs={batch} kv={kv_len}: {exc}; the first candidate runs", file=sys.stderr)
+        return candidates[0], None
     start = race_clock()
     rows, truth = _race_truth(*data[:4])
     results, budget_note = [], ""

@@ -959,7 +959,8 @@ def write_table(path, name, rows, shapes=()):
 # (one line; PARAMS compact JSON). --from-log turns each such line into a fixed row of TABLE, so
 # that the next submission runs the measured winner without racing.
 
-RACE_HEAD_RE = re.compile(r"submission\.py race (?P<table>[A-Za-z_]\w*) bs=(?P<batch>\d+) kv=(?P<kv_len>\d+): ")
+RACE_HEAD_RE = re.compile(  # a table name, as submission.py's route tables are named
+    r"submission\.py race (?P<table>[A-Z][A-Z0-9_]*_TABLE) bs=(?P<batch>\d+) kv=(?P<kv_len>\d+): ")
 RACE_CELL_RE = re.compile(r"\[(?P<index>\d+)\] (?P<route>\S+) ")
 RACE_CHOSEN_RE = re.compile(r"\[(?P<tag>\d+|catch-all)\] (?P<route>\S+) ")
 RACE_TIME_RE = re.compile(r" (?P<us>\S+) us")

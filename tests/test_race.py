@@ -254,3 +254,13 @@ def test_race_lines_round_trip_through_tune_from_log(sub, capsys, tmp_path, repo
     printed = capsys.readouterr().out
     assert f'{{"max_batch": {BATCH}, "max_kv_len": {KV_LEN}, "route": "{ROUTE}",' in printed
     assert '"num_splits": 8' in printed
+
+
+def test_without_the_bf16_cache_there_is_no_truth_and_no_race(sub, capsys):
+    first, fast = persistent(16), persistent(8)
+    mod, timer = sub(table=racing_table(first, fast), times={key(first): 20.0, key(fast): 1.0})
+    q, kv_data, qo_indptr, kv_indptr, config = data()
+    out = mod.custom_kernel((q, {"fp8": kv_data["fp8"]}, qo_indptr, kv_indptr, config))
+    assert timer.timed == [] and mod.LAST_ROUTE == f"{ROUTE} {first['params']}"
+    assert 'submission.py race skipped bs=4 kv=64: kv_data["bf16"] is missing' in capsys.readouterr().err
+    assert out.shape == (BATCH, 16, 512)

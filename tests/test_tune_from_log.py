@@ -179,8 +179,8 @@ def test_a_frozen_non_portable_route_gets_a_portable_follower():
             ' | [2] hopper_fp8 {"num_splits":16} 12.0 us | [3] triton_fp8 {"num_splits":16} 17.0 us'
             ' -> chosen [2] hopper_fp8 {"num_splits":16}')
     portable = {"hopper_fp8": False}
-    new = tune.freeze_rows({"T": rows}, [tune.parse_race_line(line.replace("TRITON_ROUTE_TABLE", "T"))],
-                           portable=lambda r: portable.get(r, True))["T"]
+    new = tune.freeze_rows({"T_TABLE": rows}, [tune.parse_race_line(line.replace("TRITON_ROUTE_TABLE", "T_TABLE"))],
+                           portable=lambda r: portable.get(r, True))["T_TABLE"]
     assert new == [_row(4, 8192, "hopper_fp8", {"num_splits": 16}),
                    _row(4, 8192, "triton_fp8", {"num_splits": 16}), rows[1]]  # the fastest portable one
 
@@ -305,3 +305,9 @@ def test_cli_exits_2_on_a_log_without_race_lines(sub_copy, tmp_path, capsys):
     assert "no race line" in capsys.readouterr().err
     assert tune.main(["--from-log", str(tmp_path / "missing.txt"), "--submission", str(sub_copy)]) == 2
     assert sub_copy.read_bytes() == old
+
+
+def test_a_skipped_race_is_not_a_race_line():
+    """A race the submission skipped (no bf16 cache to check against) froze nothing to read."""
+    assert tune.parse_race_line('submission.py race skipped bs=4 kv=64: kv_data["bf16"] is missing; '
+                                "the first candidate runs") is None
