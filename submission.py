@@ -728,9 +728,9 @@ except Exception as exc:  # not installed, a broken install, or an API this file
     print(f"submission.py: aiter routes off ({_reason}); using the portable Triton routes",
           file=sys.stderr)
 
-# Module caches. Each key holds everything its object depends on. The runner runs every case in a
-# fresh process, so they stay small. No output is ever cached: each call returns a fresh tensor
-# (a caller may keep earlier results).
+# Module caches. Each key holds everything its object depends on. The runner keeps the module for
+# all cases of a mode; the keys are per shape, so they stay small. No output is ever cached: each
+# call returns a fresh tensor (a caller may keep earlier results).
 _PAGE_TABLES = {}  # (batch, total_kv, kv_seq_len or None, page_size, device) -> PageTables
 _PLANS = {}  # see persistent_plan for the key
 _Q_FP8 = {}  # (total_q, fp8 dtype, device) -> (fp8 q buffer, unit scale)
