@@ -796,7 +796,7 @@ def _with_params(head, params, indent, close, width):
 
 def _wrapped_params(params, width, indent=5, close="},"):
     """`"params": {...}` + close as continuation lines of at most `width` characters (items wrap,
-    aligned under the first item)."""
+    aligned under the first item). Only called for params too long for one line: never empty."""
     lines, line = [], " " * indent + '"params": {'
     items = [f"{_py_literal(k)}: {_py_literal(v)}" for k, v in params.items()]
     for i, item in enumerate(items):
@@ -806,8 +806,6 @@ def _wrapped_params(params, width, indent=5, close="},"):
         else:
             lines.append(line)
             line = " " * (indent + len('"params": {')) + item
-    if not items:
-        line += "}" + close
     return lines + [line]
 
 
