@@ -2153,16 +2153,21 @@ if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API t
 # fp8 as well as reading the fp8 cache, like the reference, whose own mathematics (fp8 q, fp8 KV,
 # float32 softmax) measures 0.043-0.046 at kv 64-256 and 0.040 at kv 1024 on randn data: their
 # bound is 0.06 (tests/test_submission_triton.py also holds triton_fp8 to 1.25x the reference).
+# "q_format": how the route rounds q before Q.K ("fp8": to fp8, "bf16": kept); "q_format_param":
+# (parameter, {value: format}) where a parameter changes it. The candidate race measures what a
+# route's formats alone cost on its own data (race_reach) and judges the route against that.
 ROUTE_INFO = {
-    "triton_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06},
+    "triton_fp8": {"kv_format": "fp8", "q_format": "fp8", "q_format_param": ("qk_fp8", {False: "bf16"}),
+                   "rel_l2_bound": 0.06},
     # "portable": False -> a table row with this route must be followed by a portable row for
     # the same shapes (tune.py writes one), since the route is absent off its hardware
-    "hopper_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06, "portable": False},
+    "hopper_fp8": {"kv_format": "fp8", "q_format": "fp8", "rel_l2_bound": 0.06, "portable": False},
     # the mxfp4 format alone costs about 6-15% per row (tests/test_mxfp4_route.py measures it)
-    "triton_mxfp4": {"kv_format": "mxfp4", "rel_l2_bound": 0.2},
-    "aiter_bf16": {"kv_format": "bf16", "rel_l2_bound": 0.01},
-    "aiter_fp8": {"kv_format": "fp8", "rel_l2_bound": 0.06},
-    "aiter_a8w8_persistent": {"kv_format": "fp8", "rel_l2_bound": 0.06},
+    "triton_mxfp4": {"kv_format": "mxfp4", "q_format": "bf16", "q_format_param": ("qk_dot_scaled", {"e4m3": "fp8"}),
+                     "rel_l2_bound": 0.2},
+    "aiter_bf16": {"kv_format": "bf16", "q_format": "bf16", "rel_l2_bound": 0.01},
+    "aiter_fp8": {"kv_format": "fp8", "q_format": "fp8", "rel_l2_bound": 0.06},
+    "aiter_a8w8_persistent": {"kv_format": "fp8", "q_format": "fp8", "rel_l2_bound": 0.06},
 }
 
 LAST_ROUTE = None  # "name {params}" of the route the last call ran: eval.py shows it
