@@ -13,11 +13,17 @@ routes (MI355X); Triton kernels; Triton routes and compile plans; the Hopper rou
 router and custom_kernel. Measurements behind the choices are in NOTES.md under the ids cited.
 """
 import functools
+import hashlib
 import inspect
+import itertools
 import json
 import math
 import operator
+import os
+import select
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -1986,31 +1992,73 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
 
 
 # =============================================================================================
-# Candidate race (the first call of a shape)
+# Candidate race (the first racing call of a job)
 # A route-table row may list "candidates" ({"route", "params"} each) besides its own route and
-# params, which are its first candidate. On the first call in a process for the shape at the row's
-# bounds (batch == max_batch, kv_len == max_kv_len, uniform lengths: a leaderboard shape),
-# custom_kernel runs every candidate on that call's inputs, drops any that raises or misses its
-# strict bound (ROUTE_INFO) against float32 attention over the bf16 cache, times the others the
-# way the runner does (a flush larger than L2 plus the last-level cache, events around one call,
-# the mean of RACE_REPEATS) and keeps the fastest, unless it beats the first candidate by less
-# than RACE_MARGIN. It returns the kept candidate's checked output for that call and keeps the
-# choice for the process; one line per shape on stderr says what it measured (tune.py --from-log
-# freezes those lines into fixed rows). Other shapes a row covers take its first candidate.
-# Without a GPU nothing is measured (CPU times mean nothing): the first candidate runs.
+# params, which are its first candidate. A row races when its bounds are a shape (batch ==
+# max_batch, kv_len == max_kv_len, uniform lengths: the leaderboard's shapes) and select_route
+# picks it for that shape.
+#
+# Measuring. On the first call in a job of any racing shape, every racing row of the active
+# table is measured at once, each candidate in a SEPARATE process (this file under
+# sys.executable, which reads the job on its standard input): no candidate that has not yet run
+# cleanly on this machine runs in the caller's process, so a GPU fault or a hang costs that
+# candidate, not the run. That process makes inputs of each shape like the runner's generator
+# (randn q and bf16 cache, the fp8 and mxfp4 caches quantised from it), and per candidate: runs
+# it once and judges it (race_judge, below), warms it with RACE_WARMUP_CALLS more untimed calls,
+# times RACE_REPEATS calls the way the runner does (a flush larger than L2 plus the last-level
+# cache before each, events around one call) and ranks it by the median (one slow repeat cannot
+# move it; a wide spread is timed once more). It reports each candidate as it starts and ends;
+# when the process dies or a candidate outlives RACE_CANDIDATE_LIMIT_S, the caller names that
+# candidate, drops it and goes on with the rest in a new process. The fastest survivor is kept
+# unless it beats the row's first candidate by less than RACE_MARGIN.
+#
+# Once per job. The choices (never outputs) go to a file under the temporary directory, keyed by
+# this file's bytes, the racing rows, the device and the torch / Triton / aiter versions: the
+# runner's later steps of the same job (each a new process) read it and race nothing. A damaged
+# or foreign file is ignored. RACE_JOB_BUDGET_S bounds the measuring, process starts and compiles
+# included; rows it does not reach keep their first candidate.
+#
+# Judging (race_judge): float32 attention over the bf16 cache of RACE_TRUTH_ROWS batch rows is
+# the truth; the same attention with q and the cache in the candidate's own formats (ROUTE_INFO
+# q_format, kv_format) measures what those formats alone cost on this very data (its reach). A
+# candidate passes when its error is within RACE_BOUND_FACTOR x reach + RACE_BOUND_FLOOR and
+# below RACE_ERROR_CEILING: sharper data widens the bound only as far as the format's own error,
+# and zeros, every 2nd token or one token per page stay far outside it.
+#
+# Using the choices. custom_kernel runs a racing shape's measured candidates in their rank order
+# on the call's own data and returns the first output that passes race_judge; that candidate is
+# then the shape's route for the process. When none passes, the table's catch-all serves that
+# call only and the shape is judged again on its next calls, RACE_CALL_CHECKS calls in all (then
+# the catch-all stays). Without a GPU nothing is measured: every row runs its first candidate.
+# Output: one stderr line per raced row, under RACE_OUTPUT_BYTES per process; tune.py --from-log
+# freezes those lines into fixed rows. RACE = False switches all of this off.
 # =============================================================================================
-RACE_REPEATS = 10
+RACE = True  # False: no race, no measuring process, no file; every row runs its own route
+RACE_REPEATS = 15  # timed calls per candidate
+RACE_WARMUP_CALLS = 2  # untimed calls after the judged one (compiles, workspaces, plans)
+RACE_SPREAD = 0.25  # (75th - 25th percentile) / median above which a candidate is timed again, once
 RACE_MARGIN = 0.03  # a candidate displaces the row's first one only when at least 3% faster
-RACE_SHAPE_BUDGET_S = 30.0  # per shape, compiles included
-RACE_PROCESS_BUDGET_S = 180.0
+RACE_JOB_BUDGET_S = 90.0  # all racing rows, process starts and compiles included
+RACE_CANDIDATE_LIMIT_S = 20.0  # one candidate in the measuring process, its compile included
+RACE_START_LIMIT_S = 60.0  # the measuring process's imports, or one row's inputs and truth
 RACE_FLUSH_BYTES = 512 * 1024 * 1024  # > L2 + last-level cache (MI355X: 32 + 256 MiB; H200: 50 MiB)
 RACE_FLUSH_PASSES = 4  # GPU work queued ahead of each timed call, so that its host time hides, as the runner's does
-RACE_TRUTH_ROWS = 4  # batch rows checked against the truth, spread over the batch
+RACE_TRUTH_ROWS = 4  # batch rows judged against the truth, spread over the batch
+RACE_BOUND_FACTOR = 1.25  # x the error the candidate's formats alone make on the same rows ...
+RACE_BOUND_FLOOR = 0.02  # ... plus this (the kernel's own rounding: bf16 P and output)
+RACE_ERROR_CEILING = 0.5  # never within bound above this (zeros are at 1.0), whatever the data
+RACE_CALL_CHECKS = 3  # calls a shape's measured candidates may all fail before the catch-all stays
+RACE_OUTPUT_BYTES = 3584  # stderr bytes of race lines per process (the service keeps the first 16 KB)
+RACE_SEED = 2026  # the measuring process's inputs
+RACE_CHILD_ENV = "MLA_RACE_CHILD"  # set in the measuring process's environment
 RACE_LINE = "submission.py race"  # how the stderr lines start (tune.py --from-log reads them)
 race_clock = time.perf_counter  # seconds; tests inject their own clock
-race_timer = None  # (candidate, fn) -> mean us; None: CUDA events (GPU only). Tests inject their own.
-_RACE_SPENT_S = [0.0]  # seconds this process has spent racing
+race_timer = None  # (candidate, fn) -> [us per call]; None: events on the GPU. Tests inject their own.
+race_command = None  # argv of the measuring process; None: this file under sys.executable
+race_cache_dir = None  # where a job's choices are kept; None: tempfile.gettempdir()
 _RACE_FLUSH = {}  # device -> the flush buffer, allocated once
+_RACE_JOB = {}  # id(table) -> (table, {shape: RaceRow}): the choices this process uses
+_RACE_PRINTED = [0]  # bytes of race lines this process has printed
 
 
 def race_candidates(row):
@@ -2018,36 +2066,174 @@ def race_candidates(row):
     return [{"route": row["route"], "params": row["params"]}, *row.get("candidates", ())]
 
 
+def race_measurable():
+    """Whether candidates can be measured here: a GPU, or a measuring command given (tests)."""
+    return race_command is not None or torch.cuda.is_available()
+
+
 def races_here(row, batch, kv_len, uniform):
-    return bool(row.get("candidates")) and uniform and (batch, kv_len) == (row["max_batch"], row["max_kv_len"])
+    return (RACE and bool(row.get("candidates")) and uniform
+            and (batch, kv_len) == (row["max_batch"], row["max_kv_len"]) and race_measurable())
+
+
+def racing_rows(table):
+    """{(batch, kv_len): row} of the rows of `table` that race, in table order."""
+    rows = {}
+    for row in table:
+        shape = (row["max_batch"], row["max_kv_len"])
+        if None not in shape and races_here(row, *shape, True) and select_route(*shape, True, table) is row:
+            rows[shape] = row
+    return rows
 
 
 def _candidate_label(candidate):
     return f'{candidate["route"]} {json.dumps(candidate["params"], separators=(",", ":"))}'
 
 
-def _race_truth(q, kv_data, qo_indptr, kv_indptr):
-    """(batch rows, float32 attention of those rows over every token of theirs in the bf16 cache).
-    Reads the indptrs (a GPU->host sync: first call of a shape only)."""
-    batch = kv_indptr.shape[0] - 1
-    rows = sorted({(batch - 1) * i // (RACE_TRUTH_ROWS - 1) for i in range(RACE_TRUTH_ROWS)})
-    q_rows, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
-    kv = kv_data["bf16"][:, 0]
-    truth = []
-    for b in rows:
-        k = kv[kv_bounds[b]:kv_bounds[b + 1]].float()
-        probs = torch.softmax(q[q_rows[b]].float() @ k.T * SM_SCALE, dim=-1)
-        truth.append(probs @ k[:, :V_HEAD_DIM])
-    return [q_rows[b] for b in rows], torch.stack(truth)
+def _race_print(text):
+    """One race line on stderr while this process's share of the output lasts."""
+    size = len(text) + 1
+    if _RACE_PRINTED[0] + size <= RACE_OUTPUT_BYTES:
+        print(text, file=sys.stderr, flush=True)
+    elif _RACE_PRINTED[0] <= RACE_OUTPUT_BYTES:
+        print(f"{RACE_LINE}: further lines cut ({RACE_OUTPUT_BYTES} bytes a process)", file=sys.stderr, flush=True)
+    _RACE_PRINTED[0] += size
 
 
-def _race_time_us(candidate, fn):
-    """Mean time of fn over RACE_REPEATS calls, each after a flush, CUDA events around the call."""
+def race_q_format(candidate):
+    info = ROUTE_INFO[candidate["route"]]
+    param, formats = info.get("q_format_param", (None, {}))
+    value = candidate["params"].get(param, keyword_defaults(ROUTES[candidate["route"]]).get(param)) if param else None
+    return formats.get(value, info["q_format"])
+
+
+# --- judging ---------------------------------------------------------------------------------
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitude codes 0..7; bit 3 is the sign
+
+
+def dequantize_mxfp4(packed, scales):
+    """(n, 288) packed e2m1 bytes (even dims in the low nibble) and (n, 18) e8m0 bytes -> float32 (n, 576)."""
+    packed = packed.to(torch.int32)
+    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(packed.shape[0], QK_HEAD_DIM)
+    values = torch.tensor(E2M1_VALUES, device=packed.device)[codes & 7]
+    values = torch.where(codes >= 8, -values, values)
+    block_scale = torch.exp2(scales.to(torch.float32) - 127.0)
+    return (values.reshape(-1, MXFP4_SCALES_PER_ROW, 32) * block_scale[:, :, None]).reshape(-1, QK_HEAD_DIM)
+
+
+def quantize_mxfp4(kv):
+    """(n, 1, 576) bf16 -> ((n, 1, 288) uint8 packed e2m1, (ceil(n / 256) * 256, 24) uint8 e8m0 scales),
+    the leaderboard's layout: per block of 32 dims the smallest power-of-two scale that brings the
+    block's largest magnitude to 6 or less, values rounded to the nearest e2m1 value. For the
+    measuring process's inputs only (the race judges against whatever cache it is given)."""
+    n = kv.shape[0]
+    packed = torch.empty(n, 1, MXFP4_ROW_BYTES, dtype=torch.uint8, device=kv.device)
+    scales = torch.full((-(-n // 256) * 256, 24), 127, dtype=torch.uint8, device=kv.device)
+    midpoints = torch.tensor([(a + b) / 2 for a, b in itertools.pairwise(E2M1_VALUES)], device=kv.device)
+    for begin in range(0, n, 1 << 16):  # chunks of rows: float32 temporaries stay small
+        x = kv[begin:begin + (1 << 16), 0].float().reshape(-1, MXFP4_SCALES_PER_ROW, 32)
+        amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=2.0 ** -120)
+        exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+        scaled = x * torch.exp2(-exponent)
+        codes = torch.bucketize(scaled.abs(), midpoints) + 8 * (scaled < 0)
+        codes = codes.reshape(x.shape[0], QK_HEAD_DIM).to(torch.uint8)
+        packed[begin:begin + x.shape[0], 0] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+        scales[begin:begin + x.shape[0], :MXFP4_SCALES_PER_ROW] = (exponent[..., 0] + 127).to(torch.uint8)
+    return packed, scales
+
+
+class RaceTruth:
+    """Float32 attention of RACE_TRUTH_ROWS batch rows over every token of theirs, from bf16 q and
+    the bf16 cache (the truth), and per (q format, KV format) the same attention from q and the
+    cache rounded to those formats: what the formats alone cost on this data (the reach).
+    Reads the indptrs (a GPU->host sync: the first calls of a racing shape only)."""
+
+    def __init__(self, data):
+        q, self.kv_data, qo_indptr, kv_indptr, _ = data
+        batch = kv_indptr.shape[0] - 1
+        batch_rows = sorted({(batch - 1) * i // max(RACE_TRUTH_ROWS - 1, 1) for i in range(RACE_TRUTH_ROWS)})
+        q_starts, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
+        self.rows = [q_starts[b] for b in batch_rows]
+        self.segments = [(kv_bounds[b], kv_bounds[b + 1]) for b in batch_rows]
+        self.q = q
+        self.exact = self._attend("bf16", "bf16")
+        self._reach = {}
+
+    def _q_rows(self, q_format):
+        q = self.q
+        if q_format == "bf16":
+            return q[self.rows].float()
+        # fp8 per tensor, the runner's quantiser: amax, scale and quotient in bf16
+        fp8 = self.kv_data["fp8"][0].dtype if "fp8" in self.kv_data else torch.float8_e4m3fn
+        scale = q.abs().amax().clamp(min=1e-12) / FP8_MAX[fp8]
+        return (q[self.rows] / scale).to(fp8).float() * scale.float()
+
+    def _kv_rows(self, kv_format, begin, end):
+        if kv_format == "bf16":
+            return self.kv_data["bf16"][begin:end, 0].float()
+        if kv_format == "fp8":
+            data, scale = self.kv_data["fp8"]
+            return data[begin:end, 0].float() * scale.float()
+        packed, scales = self.kv_data["mxfp4"]
+        return dequantize_mxfp4(packed.view(torch.uint8)[begin:end, 0],
+                                scales.view(torch.uint8)[begin:end, :MXFP4_SCALES_PER_ROW])
+
+    def _attend(self, q_format, kv_format):
+        out = []
+        for q_row, (begin, end) in zip(self._q_rows(q_format), self.segments, strict=True):
+            k = self._kv_rows(kv_format, begin, end)
+            out.append(torch.softmax(q_row @ k.T * SM_SCALE, dim=-1) @ k[:, :V_HEAD_DIM])
+        return torch.stack(out)
+
+    def _distance(self, rows_out):
+        return float((rows_out - self.exact).norm() / self.exact.norm())
+
+    def error(self, out):
+        """Relative L2 distance of out's truth rows from the truth (NaN for non-finite output)."""
+        return self._distance(out[self.rows].float())
+
+    def bound(self, q_format, kv_format):
+        """RACE_BOUND_FACTOR x the reach of these formats + RACE_BOUND_FLOOR, at most RACE_ERROR_CEILING."""
+        key = (q_format, kv_format)
+        if key not in self._reach:
+            self._reach[key] = self._distance(self._attend(q_format, kv_format))
+        return min(RACE_BOUND_FACTOR * self._reach[key] + RACE_BOUND_FLOOR, RACE_ERROR_CEILING)
+
+
+def race_judge(truth, candidate, out):
+    """None when out is within the candidate's bound on truth's rows, else why not (short)."""
+    error = truth.error(out)
+    bound = truth.bound(race_q_format(candidate), ROUTE_INFO[candidate["route"]]["kv_format"])
+    return None if error <= bound else f"rel {error:.2g}>{bound:.2g}"  # NaN fails too
+
+
+def _short(exc):
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:48]
+
+
+def race_run(candidate, data, total_kv, truth):
+    """(output, None) when the candidate runs here and passes race_judge, else (None, why not)."""
+    route = candidate["route"]
+    batch = data[3].shape[0] - 1
+    if route not in ROUTES or not row_preconditions_hold(candidate, total_kv // batch, True):
+        return None, "n/a here"
+    try:
+        check_kv_format(data[1], ROUTE_INFO[route]["kv_format"], total_kv)
+        out = ROUTES[route](*data, **candidate["params"])
+        why = race_judge(truth, candidate, out)
+    except Exception as exc:  # a candidate that cannot run here is reported, not fatal
+        return None, f"raised {_short(exc)}"
+    return (None, why) if why else (out, None)
+
+
+# --- the measuring process ---------------------------------------------------------------------
+def _events_timer(candidate, fn):
+    """us of each of RACE_REPEATS calls, each after a flush, events around the call."""
     device = torch.cuda.current_device()
     flush = _RACE_FLUSH.get(device)
     if flush is None:
         flush = _RACE_FLUSH[device] = torch.empty(RACE_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    total_ms = 0.0
+    times = []
     for _ in range(RACE_REPEATS):
         torch.cuda.synchronize()
         for _ in range(RACE_FLUSH_PASSES):
@@ -2057,76 +2243,331 @@ def _race_time_us(candidate, fn):
         fn()
         end.record()
         torch.cuda.synchronize()
-        total_ms += start.elapsed_time(end)
-    return total_ms * 1000.0 / RACE_REPEATS
+        times.append(start.elapsed_time(end) * 1000.0)
+    return times
 
 
-def _run_candidate(candidate, data, total_kv, kv_len, uniform, rows, truth):
-    """(output, None) for a candidate within its strict bound, else (None, why not)."""
-    route = candidate["route"]
-    if route not in ROUTES or not row_preconditions_hold(candidate, kv_len, uniform):
-        return None, "not available here"
-    q, kv_data, qo_indptr, kv_indptr, config = data
+def _quartiles(times):
+    ordered = sorted(times)
+    return [ordered[(len(ordered) - 1) * k // 4] for k in (1, 2, 3)]
+
+
+def race_measure(candidate, data, total_kv, truth):
+    """{"median", "mean"} in us for a candidate that passes race_judge, else {"why"}."""
+    out, why = race_run(candidate, data, total_kv, truth)
+    if why:
+        return {"why": why}
+    call = functools.partial(ROUTES[candidate["route"]], *data, **candidate["params"])
+    timer = race_timer or _events_timer
     try:
-        check_kv_format(kv_data, ROUTE_INFO[route]["kv_format"], total_kv)
-        out = ROUTES[route](q, kv_data, qo_indptr, kv_indptr, config, **candidate["params"])
-        got = out[rows].float()
-        error = float((got - truth).norm() / truth.norm())
-    except Exception as exc:  # a candidate that cannot run here is reported, not fatal
-        return None, " ".join(f"raised {type(exc).__name__}: {exc}".split())[:160]
-    bound = ROUTE_INFO[route]["rel_l2_bound"]
-    if not error <= bound:  # NaN fails too
-        return None, f"rel L2 {error:.3g} > {bound}"
-    return out, None
+        for _ in range(RACE_WARMUP_CALLS):
+            call()
+        times = list(timer(candidate, call))
+        low, median, high = _quartiles(times)
+        if high - low > RACE_SPREAD * median:
+            times += timer(candidate, call)
+    except Exception as exc:
+        return {"why": f"raised {_short(exc)}"}
+    return {"median": _quartiles(times)[1], "mean": sum(times) / len(times)}
 
 
-def race(row, table, data, batch, total_kv, uniform):
-    """Runs the race of `row` for this call: (chosen candidate, its output for this call or None
-    when nothing was measured). Prints the stderr line."""
-    candidates = race_candidates(row)
-    q = data[0]
-    if race_timer is None and q.device.type != "cuda":
-        return candidates[0], None
-    kv_len = total_kv // batch
-    try:
-        check_kv_format(data[1], "bf16", total_kv)  # the truth is computed from it
-    except ValueError as exc:
-        print(f"{RACE_LINE} skipped bs={batch} kv={kv_len}: {exc}; the first candidate runs", file=sys.stderr)
-        return candidates[0], None
-    start = race_clock()
-    rows, truth = _race_truth(*data[:4])
-    results, budget_note = [], ""
-    for index, candidate in enumerate(candidates):
-        elapsed = race_clock() - start
-        if index and (elapsed > RACE_SHAPE_BUDGET_S or _RACE_SPENT_S[0] + elapsed > RACE_PROCESS_BUDGET_S):
-            budget_note = f"; budget: stopped after {index} of {len(candidates)} candidates"
-            break
-        out, why_not = _run_candidate(candidate, data, total_kv, kv_len, uniform, rows, truth)
-        if out is not None:
-            mean_us = (race_timer or _race_time_us)(candidate, functools.partial(
-                ROUTES[candidate["route"]], *data, **candidate["params"]))
-            results.append((index, candidate, mean_us, None, out))
+def race_inputs(batch, kv_len, kv_formats, fp8_dtype, device):
+    """Inputs of one shape like the runner's generator: randn q and bf16 cache, the fp8 cache
+    quantised per tensor from it (the runner's bf16 arithmetic), the mxfp4 cache when asked."""
+    generator = torch.Generator(device=device).manual_seed(RACE_SEED)
+    q = torch.randn((batch, NUM_HEADS, QK_HEAD_DIM), generator=generator, device=device, dtype=torch.bfloat16)
+    kv = torch.randn((batch * kv_len, NUM_KV_HEADS, QK_HEAD_DIM), generator=generator, device=device,
+                     dtype=torch.bfloat16)
+    kv_data = {"bf16": kv}
+    if "fp8" in kv_formats:
+        scale = kv.abs().amax().clamp(min=1e-12) / FP8_MAX[fp8_dtype]
+        kv_data["fp8"] = ((kv / scale).to(fp8_dtype), scale.float().reshape(1))
+    if "mxfp4" in kv_formats:
+        kv_data["mxfp4"] = quantize_mxfp4(kv)
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    config = {"batch_size": batch, "num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS,
+              "qk_head_dim": QK_HEAD_DIM, "kv_lora_rank": V_HEAD_DIM, "qk_rope_head_dim": ROPE_DIM,
+              "v_head_dim": V_HEAD_DIM, "q_seq_len": 1, "kv_seq_len": kv_len, "sm_scale": SM_SCALE}
+    return q, kv_data, indptr, indptr * kv_len, config
+
+
+def _report(**fields):
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def race_child_main():
+    """The measuring process: reads {"rows": [{"shape", "candidates": [[index, candidate], ...]}],
+    "fp8_dtype"} on standard input and reports one JSON line per event on standard output:
+    ready; row (inputs being made); start and end of each candidate (end: its measure_candidate
+    result). A candidate whose failure leaves the GPU unusable ends the process (exit 3)."""
+    job = json.loads(sys.stdin.read())
+    fp8_dtype = getattr(torch, job["fp8_dtype"])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _report(ready=True)
+    for row in job["rows"]:
+        batch, kv_len = row["shape"]
+        _report(row=row["shape"])
+        kv_formats = {ROUTE_INFO[c["route"]]["kv_format"] for _, c in row["candidates"] if c["route"] in ROUTE_INFO}
+        data = race_inputs(batch, kv_len, kv_formats, fp8_dtype, device)
+        truth = RaceTruth(data)
+        for index, candidate in row["candidates"]:
+            _report(start=[row["shape"], index])
+            result = race_measure(candidate, data, batch * kv_len, truth)
+            if "why" in result and device == "cuda":
+                try:  # a fault that poisons the GPU context fails every later candidate: end here
+                    torch.cuda.synchronize()
+                except Exception:
+                    sys.exit(3)
+            _report(end=[row["shape"], index], **result)
+        del data, truth
+
+
+# --- the caller: running the measuring process, keeping the choices ---------------------------------
+class RaceRow:
+    """One racing row's outcome: ranking (candidate indices to try, best first), results
+    ({index: {"median", "mean"} or {"why"}}), note (why it was not, or not fully, measured) and
+    the calls whose data rejected every ranked candidate so far."""
+
+    def __init__(self, ranking, results=None, note=""):
+        self.ranking, self.results, self.note, self.rejections = ranking, results or {}, note, 0
+
+
+def rank_row(results):
+    """Candidate indices by median time, fastest first; the first candidate stays first unless
+    beaten by RACE_MARGIN."""
+    timed = sorted((r["median"], i) for i, r in results.items() if "median" in r)
+    ranking = [i for _, i in timed]
+    if ranking and 0 in results and "median" in results[0] and ranking[0] != 0:
+        if results[ranking[0]]["median"] > results[0]["median"] * (1.0 - RACE_MARGIN):
+            ranking.remove(0)
+            ranking.insert(0, 0)
+    return ranking
+
+
+def race_line(table_name, shape, candidates, outcome, catch_all):
+    cells = []
+    for index in range(len(candidates)):
+        result = outcome.results.get(index)
+        if result is None:
+            cells.append(f"[{index + 1}] x not measured")
+        elif "median" in result:
+            cells.append(f"[{index + 1}] {result['median']:.1f}/{result['mean']:.1f}")
         else:
-            results.append((index, candidate, None, why_not, None))
-    _RACE_SPENT_S[0] += race_clock() - start
-    survivors = [r for r in results if r[2] is not None]
-    if survivors:
-        best = min(survivors, key=lambda r: r[2])
-        first = results[0]
-        if first[2] is not None and best[2] > first[2] * (1.0 - RACE_MARGIN):
-            best = first
-        chosen, chosen_tag, out = best[1], f"[{best[0] + 1}]", best[4]
+            cells.append(f"[{index + 1}] x {result['why']}")
+    if outcome.ranking:
+        chosen = f"[{outcome.ranking[0] + 1}] {_candidate_label(candidates[outcome.ranking[0]])}"
     else:
-        catch_all = table[-1]
-        chosen, chosen_tag = {"route": catch_all["route"], "params": catch_all["params"]}, "[catch-all]"
-        out = ROUTES[chosen["route"]](*data, **chosen["params"])
-        budget_note += "; no candidate survived: the table's catch-all row runs"
-    cells = [f"[{i + 1}] {_candidate_label(c)} " + (f"{mean:.1f} us" if mean is not None else f"dropped ({why})")
-             for i, c, mean, why, _ in results]
-    table_name = "AITER_ROUTE_TABLE" if table is AITER_ROUTE_TABLE else "TRITON_ROUTE_TABLE"
-    print(f"{RACE_LINE} {table_name} bs={batch} kv={kv_len}: " + " | ".join(cells)
-          + f" -> chosen {chosen_tag} {_candidate_label(chosen)}{budget_note}", file=sys.stderr, flush=True)
-    return chosen, out
+        chosen = f"[catch-all] {_candidate_label(catch_all)}; no candidate survived: the table's catch-all row runs"
+    return (f"{RACE_LINE} {table_name} bs={shape[0]} kv={shape[1]} (us median/mean): " + " | ".join(cells)
+            + f" -> chosen {chosen}" + (f"; {outcome.note}" if outcome.note else ""))
+
+
+def _race_key(table_name, rows):
+    """What the job's choices depend on: this file, the racing rows, the device, the versions."""
+    try:
+        with open(__file__, "rb") as source:
+            digest = hashlib.sha256(source.read()).hexdigest()
+    except OSError:
+        digest = None
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    rows_text = json.dumps([[list(shape), race_candidates(row)] for shape, row in rows.items()], sort_keys=True)
+    return {"file": digest, "table": table_name, "rows": hashlib.sha256(rows_text.encode()).hexdigest(),
+            "device": device, "torch": torch.__version__, "triton": triton.__version__,
+            "aiter": str(getattr(aiter, "__version__", None)) if HAVE_AITER else None}
+
+
+def _race_path(key):
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return os.path.join(race_cache_dir or tempfile.gettempdir(), f"mla-race-{name}.json")
+
+
+def load_choices(key, rows):
+    """{shape: RaceRow} from this job's file, or None when there is none, or it is damaged or
+    another job's."""
+    try:
+        with open(_race_path(key)) as saved:
+            record = json.load(saved)
+        if record["key"] != key:
+            return None
+        choices = {}
+        for shape, row in rows.items():
+            ranking = record["rankings"][f"{shape[0]}x{shape[1]}"]
+            count = len(race_candidates(row))
+            if not all(isinstance(i, int) and 0 <= i < count for i in ranking):
+                return None
+            choices[shape] = RaceRow(ranking)
+        return choices
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_choices(key, choices):
+    path = _race_path(key)
+    record = {"key": key, "rankings": {f"{b}x{k}": row.ranking for (b, k), row in choices.items()}}
+    try:
+        with open(path + ".tmp", "w") as out:
+            json.dump(record, out)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        _race_print(f"{RACE_LINE}: choices not kept for later steps ({_short(exc)})")
+
+
+def _died(proc, log):
+    """Why the measuring process ended: its exit and the last line of its stderr."""
+    rc = proc.wait()
+    how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
+    try:
+        log.seek(0)
+        lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return f"died ({how}{': ' + lines[-1][:40] if lines else ''})"
+
+
+def _command():
+    return race_command or [sys.executable, os.path.abspath(__file__)]
+
+
+def run_measuring(job_rows, fp8_dtype, deadline):
+    """Measures job_rows ([(shape, [(index, candidate), ...]), ...]) in as many measuring processes
+    as it takes: each death or hang ends its candidate's (or row's) measuring, and a new process
+    goes on with the rest. Returns ({(shape, index): measure result}, note): note says why
+    measuring stopped before the end ("" when it did not)."""
+    results = {}
+    while True:
+        rest = [(shape, [(i, c) for i, c in cands if (shape, i) not in results]) for shape, cands in job_rows]
+        rest = [(shape, cands) for shape, cands in rest if cands]
+        if not rest:
+            return results, ""
+        before = len(results)
+        note = _measuring_process(rest, fp8_dtype, results, deadline)
+        if note:
+            return results, note
+        if len(results) == before:  # ended cleanly yet measured nothing more: do not loop
+            return results, "not measured: the measuring process ended early"
+
+
+def _measuring_process(rows, fp8_dtype, results, deadline):
+    """One measuring process over `rows`; fills `results` as candidates end. Returns a note when
+    measuring must stop (budget, or no process could start), "" when another process may go on."""
+    job = json.dumps({"rows": [{"shape": list(shape), "candidates": cands} for shape, cands in rows],
+                      "fp8_dtype": str(fp8_dtype).removeprefix("torch.")}).encode()
+    log = tempfile.TemporaryFile()
+    try:
+        proc = subprocess.Popen(_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                cwd=os.path.dirname(os.path.abspath(__file__)),
+                                env=dict(os.environ, **{RACE_CHILD_ENV: "1"}))
+    except OSError as exc:
+        log.close()
+        return f"not measured: the measuring process could not start ({_short(exc)}); the first candidate runs"
+    try:
+        proc.stdin.write(job)
+        proc.stdin.close()
+    except OSError:
+        pass  # it died already: its exit is read below
+    try:
+        return _follow(proc, log, rows, results, deadline)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        log.close()
+
+
+def _follow(proc, log, rows, results, deadline):
+    """Reads the measuring process's reports until it ends, is killed for a hang, or the budget
+    ends (see _measuring_process)."""
+    ready, shape, current, since, pending = False, None, None, race_clock(), b""
+    fd = proc.stdout.fileno()
+    while True:
+        limit = RACE_CANDIDATE_LIMIT_S if current is not None else RACE_START_LIMIT_S
+        wait = max(min(since + limit, deadline) - race_clock(), 0.01)
+        chunk = os.read(fd, 1 << 16) if select.select([fd], [], [], wait)[0] else None
+        if race_clock() >= deadline:
+            proc.kill()
+            return "budget: measuring stopped at the job's limit; rows not reached keep their first candidate"
+        if chunk is None and race_clock() < since + limit:
+            continue
+        if not chunk:  # ended (b"") or silent too long (None)
+            if chunk is None:
+                proc.kill()
+            why = _died(proc, log) if chunk == b"" else f"hung (> {limit:.0f} s)"
+            if not ready:
+                return f"not measured: the measuring process could not start ({why}); the first candidate runs"
+            if current is not None:
+                results[current] = {"why": why}
+            elif shape is not None:  # the row's inputs or truth: no candidate of it can be measured
+                for index, _ in next(cands for s, cands in rows if s == shape):
+                    results.setdefault((shape, index), {"why": f"row setup {why}"})
+            return ""
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # not a report (a library printing on standard output)
+            since = race_clock()
+            if event.get("ready"):
+                ready = True
+            elif "row" in event:
+                shape, current = tuple(event["row"]), None
+            elif "start" in event:
+                current = (tuple(event["start"][0]), event["start"][1])
+            elif "end" in event:
+                key = (tuple(event["end"][0]), event["end"][1])
+                results[key] = {k: v for k, v in event.items() if k != "end"}
+                current = None
+
+
+def _died(proc, log):
+    """How the measuring process ended: its exit and the last line of its stderr."""
+    rc = proc.wait()
+    how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
+    log.seek(0)
+    lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    return f"died ({how}{': ' + lines[-1][:40] if lines else ''})"
+
+
+def _command():
+    return race_command or [sys.executable, os.path.abspath(__file__)]
+
+
+def _table_name(table):
+    return "AITER_ROUTE_TABLE" if table is AITER_ROUTE_TABLE else "TRITON_ROUTE_TABLE"
+
+
+def race_job(table, first_shape, fp8_dtype):
+    """{shape: RaceRow} for every racing row of `table`, once per process: this job's file when an
+    earlier process left one, else measured now (first_shape's row first) and kept in the file."""
+    entry = _RACE_JOB.get(id(table))
+    if entry is not None and entry[0] is table:
+        return entry[1]
+    rows = racing_rows(table)
+    name = _table_name(table)
+    key = _race_key(name, rows)
+    choices = load_choices(key, rows)
+    if choices is not None:
+        _race_print(f"{RACE_LINE} {name}: choices of {len(rows)} rows read from {_race_path(key)} "
+                    "(measured by an earlier process of this job)")
+    else:
+        shapes = sorted(rows, key=lambda shape: shape != first_shape)
+        job_rows = [(shape, list(enumerate(race_candidates(rows[shape])))) for shape in shapes]
+        results, note = run_measuring(job_rows, fp8_dtype, race_clock() + RACE_JOB_BUDGET_S)
+        choices = {}
+        for shape in shapes:
+            candidates = race_candidates(rows[shape])
+            mine = {i: r for (s, i), r in results.items() if s == shape}
+            ranking = rank_row(mine)
+            row_note = note if len(mine) < len(candidates) else ""
+            choices[shape] = RaceRow(ranking or ([0] if row_note else []), mine, row_note)
+            _race_print(race_line(name, shape, candidates, choices[shape], table[-1]))
+        if results:
+            save_choices(key, choices)
+    _RACE_JOB[id(table)] = (table, choices)
+    return choices
 
 
 # =============================================================================================
@@ -2220,18 +2661,56 @@ def _route_for(batch, kv_len, uniform):
     return key, hit
 
 
-def _settle_race(key, row, table, data, batch, total_kv, uniform):
-    """The first call of a racing shape: race, keep the choice for the process, return this call's
-    output (the chosen candidate's checked one, or a run of it when nothing was measured)."""
-    global LAST_ROUTE
-    chosen, out = race(row, table, data, batch, total_kv, uniform)
-    settled = {"max_batch": row["max_batch"], "max_kv_len": row["max_kv_len"], **chosen}
+def _settle(key, candidate, row, table):
+    """Keep `candidate` as the route of the shape at `key` for the process."""
+    settled = {"max_batch": row["max_batch"], "max_kv_len": row["max_kv_len"], **candidate}
     _SELECTED[key] = selection = _selection(settled, table)
-    LAST_ROUTE = selection[1]
-    if out is None:
-        check_kv_format(data[1], selection[2], total_kv)
-        out = ROUTES[chosen["route"]](*data, **chosen["params"])
-    return out
+    return selection[1]
+
+
+def _fp8_dtype(kv_data):
+    entry = kv_data.get("fp8")
+    dtype = getattr(entry[0], "dtype", None) if isinstance(entry, (tuple, list)) and entry else None
+    return dtype if dtype in FP8_DTYPES else torch.float8_e4m3fn
+
+
+def _settle_race(key, row, table, data, batch, total_kv):
+    """A call of a racing shape before its route is settled: the job's measured candidates (race_job)
+    are run in rank order on this call's data and the first that race_judge passes is returned and
+    kept; when none passes, the catch-all serves this call (see the section "Candidate race")."""
+    global LAST_ROUTE
+    shape, candidates = (batch, total_kv // batch), race_candidates(row)
+    try:
+        check_kv_format(data[1], "bf16", total_kv)  # the truth is computed from it
+    except ValueError as exc:
+        _race_print(f"{RACE_LINE} skipped bs={batch} kv={shape[1]}: {exc}; the first candidate runs")
+        LAST_ROUTE = _settle(key, candidates[0], row, table)
+        check_kv_format(data[1], ROUTE_INFO[row["route"]]["kv_format"], total_kv)
+        return ROUTES[row["route"]](*data, **row["params"])
+    outcome = race_job(table, shape, _fp8_dtype(data[1]))[shape]
+    truth, rejected = RaceTruth(data), []
+    for index in outcome.ranking:
+        out, why = race_run(candidates[index], data, total_kv, truth)
+        if out is not None:
+            LAST_ROUTE = _settle(key, candidates[index], row, table)
+            if rejected:
+                _race_print(f"{RACE_LINE} check {_table_name(table)} bs={batch} kv={shape[1]}: "
+                            f"{' | '.join(rejected)} on this call's data -> [{index + 1}] runs")
+            return out
+        rejected.append(f"[{index + 1}] x {why}")
+    catch_all = {"route": table[-1]["route"], "params": table[-1]["params"]}
+    outcome.rejections += 1
+    if not outcome.ranking or outcome.rejections >= RACE_CALL_CHECKS:
+        LAST_ROUTE, then = _settle(key, catch_all, row, table), "the catch-all stays"
+    else:
+        LAST_ROUTE = _selection(catch_all, table)[1]
+        then = (f"the catch-all runs for this call; judged again on the next "
+                f"({outcome.rejections} of {RACE_CALL_CHECKS})")
+    if rejected:
+        _race_print(f"{RACE_LINE} check {_table_name(table)} bs={batch} kv={shape[1]}: "
+                    f"{' | '.join(rejected)} on this call's data -> {then}")
+    check_kv_format(data[1], ROUTE_INFO[catch_all["route"]]["kv_format"], total_kv)
+    return ROUTES[catch_all["route"]](*data, **catch_all["params"])
 
 
 def custom_kernel(data: input_t) -> output_t:
@@ -2254,6 +2733,10 @@ def custom_kernel(data: input_t) -> output_t:
     uniform = declares_uniform_kv(batch, total_kv, config)
     key, (row, LAST_ROUTE, kv_format, table, racing) = _route_for(batch, total_kv // batch, uniform)
     if racing:
-        return _settle_race(key, row, table, data, batch, total_kv, uniform)
+        return _settle_race(key, row, table, data, batch, total_kv)
     check_kv_format(kv_data, kv_format, total_kv)
     return ROUTES[row["route"]](q, kv_data, qo_indptr, kv_indptr, config, **row["params"])
+
+
+if __name__ == "__main__" and os.environ.get(RACE_CHILD_ENV):  # the race's measuring process
+    race_child_main()
