@@ -37,15 +37,18 @@ imported as a module before it replaces the file (atomically).
 
 Rows may carry "candidates" (raced by the submission on the first call of the row's shape): the
 writer keeps them, one per line under the row. --from-log FILE runs no sweep: it reads the
-"submission.py race ..." lines the submission printed (FILE "-" = stdin; other text around them is
-ignored) and freezes each line's chosen route and params into a fixed row (no candidates) of its
-table: the row with the shape's bounds is replaced, or the row is inserted before the first row
-that matches the shape; for several lines of one shape the last wins. It prints a line per race
-and the changed tables, and with --write writes them (checked as above).
+"submission.py race TABLE bs=B kv=K (us median/mean): ..." lines the submission printed (FILE "-"
+= stdin; other text around them is ignored; a line whose chosen candidate was not timed is no
+measurement and is skipped) and freezes each line's chosen route and params into a fixed row (no
+candidates) of its table: the racing row with the shape's bounds whose candidates fit the line is
+replaced (a line that fits no such row is reported and not frozen: the table changed since the
+race), or, when no row has those bounds, the row is inserted before the first row that matches
+the shape; for several lines of one shape the last wins. It prints a line per race and the changed
+tables, and with --write writes them (checked as above).
 
 Exit codes: 0 done; 1 a shape has no eligible configuration (nothing written); 2 bad arguments (or
-no race line in --from-log's FILE); 3 stopped by --max-minutes (partial results are cached; rerun
-to resume; nothing written).
+no race line in --from-log's FILE, or none that fits the tables); 3 stopped by --max-minutes
+(partial results are cached; rerun to resume; nothing written).
 """
 import argparse
 import ast
@@ -950,22 +953,38 @@ def write_table(path, name, rows, shapes=()):
 # ---------------------------------------------------------------------------------------------
 # Freezing the submission's candidate races (--from-log): no GPU, no inputs, only text
 #
-# On the first call of a shape at a racing row's bounds, submission.py prints one line on stderr:
-#   submission.py race TABLE bs=B kv=K: [1] ROUTE {PARAMS} 18.2 us | [2] ROUTE {PARAMS} dropped (WHY)
-#     -> chosen [N|catch-all] ROUTE {PARAMS}[; budget: stopped after I of J candidates]
-#     [; no candidate survived: the table's catch-all row runs]
-# (one line; PARAMS compact JSON). --from-log turns each such line into a fixed row of TABLE, so
-# that the next submission runs the measured winner without racing.
+# On the first call of a shape at a racing row's bounds, submission.py prints one line on stderr
+# (a job's race output must fit in 4 KB, so cells carry times only, not routes):
+#   submission.py race TABLE bs=B kv=K (us median/mean): [1] 20.0/20.3 | [2] x rel 1>0.075
+#     | [3] 12.0/342.7 -> chosen [N|catch-all] ROUTE {PARAMS}[; NOTE]
+# (one line; PARAMS compact JSON). A cell is `[N] MEDIAN/MEAN` for a timed candidate or `[N] x WHY`
+# for one that was not (WHY is free text: "rel 1>0.075", "raised ...", "died (...", "hung (> 20 s)",
+# "n/a here", "not measured"). NOTE: "no candidate survived: the table's catch-all row runs",
+# "budget: measuring stopped at the job's limit; ...", "not measured: ...". Candidate N is entry N
+# of the raced row's list [the row's own {route, params}, *row["candidates"]]: --from-log finds
+# that row in the submission's table (see label_race_cells) and turns each line into a fixed row
+# of TABLE, so that the next submission runs the measured winner without racing. Other stderr
+# lines that begin with "submission.py race" (race check ..., TABLE: choices ... read from ...,
+# race skipped ..., race: further lines cut ...) are not race lines.
 
 RACE_HEAD_RE = re.compile(  # a table name, as submission.py's route tables are named
-    r"submission\.py race (?P<table>[A-Z][A-Z0-9_]*_TABLE) bs=(?P<batch>\d+) kv=(?P<kv_len>\d+): ")
-RACE_CELL_RE = re.compile(r"\[(?P<index>\d+)\] (?P<route>\S+) ")
+    r"submission\.py race (?P<table>[A-Z][A-Z0-9_]*_TABLE) bs=(?P<batch>\d+) kv=(?P<kv_len>\d+)"
+    r"(?P<units> \(us median/mean\))?: ")
+RACE_TIMED_RE = re.compile(r"\[(?P<index>\d+)\] (?P<median>[^\s/]+)/(?P<mean>\S+)")
+RACE_UNTIMED_RE = re.compile(r"\[(?P<index>\d+)\] x (?P<why>.*)")
 RACE_CHOSEN_RE = re.compile(r"\[(?P<tag>\d+|catch-all)\] (?P<route>\S+) ")
-RACE_TIME_RE = re.compile(r" (?P<us>\S+) us")
-RACE_DROPPED_RE = re.compile(r" dropped \((?P<why>.*)\)")
-RACE_BUDGET_RE = re.compile(r"; budget: (?P<note>stopped after \d+ of \d+ candidates)")
-RACE_NO_SURVIVOR = "; no candidate survived"
-RACE_CELL_SEP, RACE_CHOSEN_SEP = " | ", " -> chosen "
+RACE_NO_SURVIVOR = "no candidate survived"
+RACE_BUDGET = "budget: "
+RACE_CELL_SEP, RACE_CHOSEN_SEP, RACE_NOTE_SEP = " | ", " -> chosen ", "; "
+
+
+class StaleRaceLine(TuneError):
+    """A race line whose raced row is no longer in the submission's table (the table changed
+    since the race): its cells cannot be named, so it is not frozen. `why`: the reason alone."""
+
+    def __init__(self, parsed, why):
+        super().__init__(f"{parsed['table']} bs={parsed['batch']} kv={parsed['kv_len']}: {why}")
+        self.why = why
 
 
 def _json_params_at(text, pos):
@@ -980,33 +999,41 @@ def _json_params_at(text, pos):
     return params, end
 
 
+def _race_time(text, position, what):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"candidate {position}: {what} {text!r} is not a time in us")
+    return value
+
+
 def _parse_race_cell(text, position):
-    """One `[N] route {params} 12.3 us` or `[N] route {params} dropped (why)` cell as a dict
-    {index, route, params, time_us (None when dropped), dropped (the reason, or None)}."""
-    m = RACE_CELL_RE.match(text)
-    if not m:
-        raise ValueError(f"candidate {position} is not '[N] route {{params}} ...': {text[:60]!r}")
+    """One `[N] MEDIAN/MEAN` (timed) or `[N] x WHY` (not timed) cell as a dict {index, time_us
+    (the median; None when not timed), mean_us (None when not timed), dropped (WHY, or None),
+    route, params (both None: the line does not name them; see label_race_cells)}."""
+    cell = {"index": position, "time_us": None, "mean_us": None, "dropped": None, "route": None, "params": None}
+    untimed = RACE_UNTIMED_RE.fullmatch(text)
+    timed = None if untimed else RACE_TIMED_RE.fullmatch(text)
+    m = untimed or timed
+    if m is None:
+        raise ValueError(f"candidate {position} is neither '[N] median/mean' nor '[N] x why': {text[:60]!r}")
     if int(m["index"]) != position:
         raise ValueError(f"candidate {position} is numbered [{m['index']}]")
-    params, end = _json_params_at(text, m.end())
-    rest = text[end:]
-    timed, dropped = RACE_TIME_RE.fullmatch(rest), RACE_DROPPED_RE.fullmatch(rest)
-    if timed:
-        try:
-            time_us = float(timed["us"])
-        except ValueError:
-            raise ValueError(f"candidate {position}: {timed['us']!r} is not a time in us") from None
-        return {"index": position, "route": m["route"], "params": params, "time_us": time_us, "dropped": None}
-    if dropped:
-        return {"index": position, "route": m["route"], "params": params, "time_us": None,
-                "dropped": dropped["why"]}
-    raise ValueError(f"candidate {position} ends in neither 'N us' nor 'dropped (why)': {rest[:60]!r}")
+    if untimed:
+        cell["dropped"] = untimed["why"]
+    else:
+        cell["time_us"] = _race_time(timed["median"], position, "median")
+        cell["mean_us"] = _race_time(timed["mean"], position, "mean")
+    return cell
 
 
 def _check_race_choice(parsed):
-    """The chosen tag must agree with the cells: a numbered choice is a timed candidate with the
-    same route and params; [catch-all] only when no candidate was timed. A line that disagrees
-    with itself was cut or edited, and freezing it would freeze a guess."""
+    """The chosen tag must agree with the cells: a numbered choice is a timed candidate (a line
+    whose chosen cell was not timed, e.g. "x not measured" when the measuring process could not
+    start, is not a measurement); [catch-all] only when no candidate was timed. A line that
+    disagrees with itself was cut or edited, and freezing it would freeze a guess."""
     timed = [c for c in parsed["candidates"] if c["time_us"] is not None]
     if parsed["chosen"] == "catch-all":
         if timed:
@@ -1017,22 +1044,28 @@ def _check_race_choice(parsed):
         raise ValueError(f"chosen [{index}] is not among the {len(parsed['candidates'])} candidates")
     cell = parsed["candidates"][index - 1]
     if cell["time_us"] is None:
-        raise ValueError(f"chosen [{index}] was dropped ({cell['dropped']})")
-    if (cell["route"], cell["params"]) != (parsed["route"], parsed["params"]):
-        raise ValueError(f"chosen [{index}] names {parsed['route']} {parsed['params']}, its cell "
-                         f"{cell['route']} {cell['params']}")
+        raise ValueError(f"chosen [{index}] was not timed ({cell['dropped']}): the line is not a measurement")
+    if parsed["no_survivor"]:
+        raise ValueError(f"chosen [{index}] although the line says {RACE_NO_SURVIVOR}")
 
 
 def parse_race_line(text):
     """The race line found anywhere in `text` (one line of a log: a prefix such as a timestamp,
     trailing text and surrounding spaces are ignored) as a dict: table, batch, kv_len, candidates
-    (see _parse_race_cell), chosen (1-based index or "catch-all"), route and params (the chosen
-    ones), budget (e.g. "stopped after 1 of 3 candidates", or None), no_survivor (bool) and line
-    (the race text itself). None for a line without `submission.py race TABLE bs=B kv=K: `;
-    ValueError for such a line that does not parse (cut, edited): freezing it would be a guess."""
+    (see _parse_race_cell: times only, route and params None), chosen (1-based index or
+    "catch-all"), route and params (the chosen ones, which the line names), note (the text after
+    the chosen params' "; ", or None), budget (the note says the job's budget stopped measuring),
+    no_survivor (the note says no candidate survived) and line (the race text itself).
+    None for a line without `submission.py race TABLE bs=B kv=K (us median/mean): ` (the
+    submission's other "submission.py race ..." lines: check, choices read, skipped, cut);
+    ValueError for such a line that does not parse (cut, edited, an older format without
+    "(us median/mean)") or that is not a measurement (the chosen cell was not timed): freezing it
+    would be a guess."""
     head = RACE_HEAD_RE.search(text)
     if head is None:
         return None
+    if not head["units"]:
+        raise ValueError("a race line of an older submission.py (no '(us median/mean)'): not read")
     body = text[head.end():].rstrip()
     cells_text, sep, chosen_text = body.partition(RACE_CHOSEN_SEP)
     if not sep:
@@ -1043,19 +1076,20 @@ def parse_race_line(text):
         raise ValueError(f"'-> chosen' is not followed by '[N] route {{params}}': {chosen_text[:60]!r}")
     params, end = _json_params_at(chosen_text, chosen.end())
     tail = chosen_text[end:]
-    budget = RACE_BUDGET_RE.search(tail)
+    note = (tail[len(RACE_NOTE_SEP):].strip() or None) if tail.startswith(RACE_NOTE_SEP) else None
     parsed = {"table": head["table"], "batch": int(head["batch"]), "kv_len": int(head["kv_len"]),
               "candidates": candidates,
               "chosen": "catch-all" if chosen["tag"] == "catch-all" else int(chosen["tag"]),
-              "route": chosen["route"], "params": params, "budget": budget["note"] if budget else None,
-              "no_survivor": RACE_NO_SURVIVOR in tail, "line": text[head.start():].strip()}
+              "route": chosen["route"], "params": params, "note": note,
+              "budget": bool(note) and RACE_BUDGET in note, "no_survivor": bool(note) and RACE_NO_SURVIVOR in note,
+              "line": text[head.start():].strip()}
     _check_race_choice(parsed)
     return parsed
 
 
 def read_race_lines(text, warn=_log):
     """[(line number, parsed)] of every race line in a log's text; a line that names a race but
-    does not parse is reported through `warn` and skipped."""
+    does not parse or is not a measurement is reported through `warn` and skipped."""
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         try:
@@ -1088,27 +1122,62 @@ def _matches(row, batch, kv_len):
             and (row["max_kv_len"] is None or kv_len <= row["max_kv_len"]))
 
 
+def _row_candidates(row):
+    """The row's race entrants in order, as submission.race_candidates lists them."""
+    return [{"route": row["route"], "params": row["params"]}, *row.get("candidates", ())]
+
+
 def _raced_row_index(rows, parsed):
-    """Index of the row the line's race ran for: among the rows whose bounds are the shape, the
-    one whose own route and params are the line's candidate [1] (a Hopper row and its portable
-    follower share bounds), else the first of them; None when no row has those bounds."""
-    same = [i for i, r in enumerate(rows) if (r["max_batch"], r["max_kv_len"]) == (parsed["batch"], parsed["kv_len"])]
-    first = parsed["candidates"][0] if parsed["candidates"] else None
-    for i in same:
-        if first and (rows[i]["route"], rows[i]["params"]) == (first["route"], first["params"]):
+    """Index of the row the line's race ran for: among the rows whose bounds are the shape and
+    that have "candidates", the first whose entrants (see _row_candidates) are as many as the
+    line's cells and whose entry N is the chosen route and params (for [catch-all], the first
+    with as many entrants; a Hopper row and its portable follower share bounds and differ in
+    entry 1). None when no row has the shape's bounds (the line's choice is then inserted);
+    StaleRaceLine when rows have them but none can have run this race (the table changed)."""
+    bounds = (parsed["batch"], parsed["kv_len"])
+    same = [i for i, r in enumerate(rows) if (r["max_batch"], r["max_kv_len"]) == bounds]
+    if not same:
+        return None
+    chosen = {"route": parsed["route"], "params": parsed["params"]}
+    count = len(parsed["candidates"])
+    racing = [i for i in same if rows[i].get("candidates")]
+    for i in racing:
+        entrants = _row_candidates(rows[i])
+        if len(entrants) == count and (parsed["chosen"] == "catch-all" or entrants[parsed["chosen"] - 1] == chosen):
             return i
-    return same[0] if same else None
+    if not racing:
+        why = f"no row with these bounds races (row(s) {', '.join(str(i + 1) for i in same)}: no candidates)"
+    else:
+        why = (f"no racing row with these bounds (row(s) {', '.join(str(i + 1) for i in racing)}) has {count} "
+               "candidates" + ("" if parsed["chosen"] == "catch-all" else
+                               f" of which [{parsed['chosen']}] is {_label(**chosen)}"))
+    raise StaleRaceLine(parsed, f"{why}; the table changed since the race: not frozen")
+
+
+def label_race_cells(rows, parsed):
+    """(index of the raced row or None, a copy of `parsed` whose cells carry their route and
+    params): the line names only the chosen candidate, the raced row's entrants name the rest
+    (see _raced_row_index; with no row of the shape's bounds the cells stay unnamed).
+    StaleRaceLine when the table no longer holds the raced row."""
+    index = _raced_row_index(rows, parsed)
+    labelled = dict(parsed, candidates=[dict(c) for c in parsed["candidates"]])
+    if index is not None:
+        for cell, entrant in zip(labelled["candidates"], _row_candidates(rows[index]), strict=True):
+            cell["route"], cell["params"] = entrant["route"], dict(entrant["params"])
+    return index, labelled
 
 
 def _portable_follower(rows, index, parsed, replaced, portable):
     """A portable row to put after a frozen non-portable one (ROUTE_INFO "portable": False, the
     Hopper route), which the submission requires for the same bounds: None when a portable row
-    with those bounds already follows, else the line's fastest timed portable candidate, else the
-    replaced row's own route and params when portable, else None (nothing known to be safe)."""
+    with those bounds already follows, else the line's fastest (median) timed portable candidate
+    (cells named by label_race_cells), else the replaced row's own route and params when
+    portable, else None (nothing known to be safe)."""
     bounds = (parsed["batch"], parsed["kv_len"])
     if any((r["max_batch"], r["max_kv_len"]) == bounds and portable(r["route"]) for r in rows[index + 1:]):
         return None
-    timed = sorted((c for c in parsed["candidates"] if c["time_us"] is not None and portable(c["route"])),
+    timed = sorted((c for c in parsed["candidates"]
+                    if c["time_us"] is not None and c["route"] is not None and portable(c["route"])),
                    key=lambda c: c["time_us"])
     if timed:
         return table_row(timed[0]["route"], timed[0]["params"], *bounds)
@@ -1122,11 +1191,20 @@ def freeze_row(rows, parsed, portable=None):
     route, params} of the chosen candidate (no "candidates": the measured choice is frozen)
     replaces the row that raced (see _raced_row_index), or, when no row has the shape's bounds, is
     inserted before the first row that matches the shape (the one select_route picks now).
-    `portable(route)` (optional): when False for the chosen route, a portable follower is added
-    after it where none follows. action: {"index", "replaced" (the old row or None), "follower"}."""
+    A row with the bounds that already is the fixed row counts as the raced row (a log frozen
+    twice changes nothing). Raises StaleRaceLine (a TuneError naming the table, the shape and why)
+    when rows have the bounds but none ran this race: the table changed since, and the line is
+    not frozen. `portable(route)` (optional): when False for the chosen route, a portable follower
+    is added after it where none follows. action: {"index", "replaced" (the old row or None),
+    "follower", "parsed" (the line with its cells named)}."""
     fixed = table_row(parsed["route"], parsed["params"], parsed["batch"], parsed["kv_len"])
     rows = [dict(r) for r in rows]
-    index = _raced_row_index(rows, parsed)
+    try:
+        index, parsed = label_race_cells(rows, parsed)
+    except StaleRaceLine:
+        index = next((i for i, r in enumerate(rows) if r == fixed), None)
+        if index is None:
+            raise
     replaced = None
     if index is not None:
         replaced = rows[index]
@@ -1139,12 +1217,13 @@ def freeze_row(rows, parsed, portable=None):
         follower = _portable_follower(rows, index, parsed, replaced, portable)
         if follower is not None:
             rows.insert(index + 1, follower)
-    return rows, {"index": index, "replaced": replaced, "follower": follower}
+    return rows, {"index": index, "replaced": replaced, "follower": follower, "parsed": parsed}
 
 
 def _freeze(tables, parsed_lines, portable=None):
-    """(new tables, [action per kept line]) of freeze_rows (actions as freeze_row's, with the
-    line's parsed dict under "parsed")."""
+    """(new tables, [action per kept line]) of freeze_rows: actions as freeze_row's, or, for a
+    line that is not frozen because its raced row is gone (StaleRaceLine), {"parsed", "stale":
+    the reason (StaleRaceLine.why)}. A line of a table the submission does not have raises TuneError."""
     new_tables = {name: [dict(r) for r in rows] for name, rows in tables.items()}
     kept, _ = last_per_shape(parsed_lines)
     actions = []
@@ -1152,15 +1231,25 @@ def _freeze(tables, parsed_lines, portable=None):
         if parsed["table"] not in new_tables:
             raise TuneError(f"{parsed['table']} (bs={parsed['batch']} kv={parsed['kv_len']}) is not a route "
                             f"table of the submission ({', '.join(new_tables) or 'none'})")
-        new_tables[parsed["table"]], action = freeze_row(new_tables[parsed["table"]], parsed, portable)
-        actions.append(dict(action, parsed=parsed))
+        try:
+            new_tables[parsed["table"]], action = freeze_row(new_tables[parsed["table"]], parsed, portable)
+        except StaleRaceLine as exc:
+            action = {"parsed": parsed, "stale": exc.why}
+        actions.append(action)
     return new_tables, actions
 
 
 def freeze_rows(tables, parsed_lines, portable=None):
     """{name: rows} with every parsed race line frozen into a fixed row of its table (the last
-    line of a shape wins; see freeze_row). `tables` is not modified; every table is returned."""
-    return _freeze(tables, parsed_lines, portable)[0]
+    line of a shape wins; see freeze_row). `tables` is not modified; every table is returned.
+    A line whose raced row the table no longer holds is reported on stderr and skipped (its
+    shape keeps its rows); a line of a table that is not in `tables` raises TuneError."""
+    new_tables, actions = _freeze(tables, parsed_lines, portable)
+    for action in actions:
+        if "stale" in action:
+            p = action["parsed"]
+            _log(f"tune.py: {p['table']} bs={p['batch']} kv={p['kv_len']}: {action['stale']}")
+    return new_tables
 
 
 def route_info_of(text):
@@ -1190,18 +1279,25 @@ def _row_text(row):
     return f"{_label(row['route'], row['params'])}{extra}"
 
 
+def _median_mean(cell):
+    return f"{cell['time_us']:.1f}/{cell['mean_us']:.1f} us"
+
+
 def race_summary(number, action):
-    """One human line per frozen race line: shape, what was chosen (and measured), what it
-    replaced or where it went, and the notes the line carried."""
+    """One human line per kept race line: shape, what was chosen (and its median/mean, and [1]'s
+    when another won), what it replaced or where it went, and the line's note; or why it was not
+    frozen (action["stale"])."""
     p = action["parsed"]
+    shape = f"line {number}: {p['table']} bs={p['batch']} kv={p['kv_len']}"
+    if "stale" in action:
+        return f"{shape}: NOT FROZEN: {action['stale']}"
     tag = "[catch-all]" if p["chosen"] == "catch-all" else f"[{p['chosen']}]"
-    timed = {c["index"]: c["time_us"] for c in p["candidates"] if c["time_us"] is not None}
-    measured = f" {timed[p['chosen']]:.1f} us" if p["chosen"] in timed else ""
+    timed = {c["index"]: c for c in p["candidates"] if c["time_us"] is not None}
+    measured = f" {_median_mean(timed[p['chosen']])} (median/mean)" if p["chosen"] in timed else ""
     if p["chosen"] not in (1, "catch-all") and 1 in timed:
-        measured += f" vs [1] {timed[1]:.1f} us"
-    dropped = sum(c["dropped"] is not None for c in p["candidates"])
-    text = (f"line {number}: {p['table']} bs={p['batch']} kv={p['kv_len']}: chosen {tag} "
-            f"{_label(p['route'], p['params'])}{measured} ({len(timed)} timed, {dropped} dropped); ")
+        measured += f" vs [1] {_median_mean(timed[1])}"
+    text = (f"{shape}: chosen {tag} {_label(p['route'], p['params'])}{measured} ({len(timed)} timed, "
+            f"{len(p['candidates']) - len(timed)} not); ")
     if action["replaced"] is not None:
         text += f"replaces row {action['index'] + 1} ({_row_text(action['replaced'])})"
     else:
@@ -1211,7 +1307,9 @@ def race_summary(number, action):
     if p["chosen"] == "catch-all":
         text += "; NOTE: no candidate survived, the catch-all row's route is frozen for this shape"
     if p["budget"]:
-        text += f"; NOTE: budget {p['budget']}: not every candidate was measured"
+        text += "; NOTE: the job's budget stopped measuring: not every candidate was measured"
+    if p["note"] and not p["budget"] and not p["no_survivor"]:
+        text += f"; NOTE: {p['note']}"
     return text
 
 
@@ -1219,7 +1317,9 @@ def from_log(log_path, submission_path, write=False, out=print):
     """--from-log: freeze the race lines of the log at `log_path` ("-": stdin) into the route
     tables of the submission at `submission_path`; print a summary per line and the changed
     tables; with `write`, rewrite them through write_table (compile, import, routing checked).
-    Returns the exit code (EXIT_BAD_ARGS when the log holds no race line)."""
+    A line whose raced row the submission's table no longer holds (see freeze_row) is reported
+    ("NOT FROZEN") and skipped; the other lines are frozen. Returns the exit code (EXIT_BAD_ARGS
+    when the log holds no race line, or when no line's raced row is in the tables)."""
     try:
         if log_path == "-":
             log_text = sys.stdin.read()
@@ -1232,8 +1332,8 @@ def from_log(log_path, submission_path, write=False, out=print):
         raise TuneError(f"--from-log: {exc}") from exc
     found = read_race_lines(log_text)
     if not found:
-        print(f"tune.py: no race line ('submission.py race TABLE bs=B kv=K: ... -> chosen ...') in "
-              f"{log_path}: nothing to freeze", file=sys.stderr)
+        print(f"tune.py: no race line ('submission.py race TABLE bs=B kv=K (us median/mean): [1] MEDIAN/MEAN"
+              f" | ... -> chosen [N] ROUTE {{PARAMS}}') in {log_path}: nothing to freeze", file=sys.stderr)
         return EXIT_BAD_ARGS
     numbers, parsed_lines = [n for n, _ in found], [p for _, p in found]
     info = route_info_of(sub_text)
@@ -1247,6 +1347,11 @@ def from_log(log_path, submission_path, write=False, out=print):
     kept_numbers = [n for i, n in enumerate(numbers) if i not in superseded]  # the order of _freeze's actions
     for number, action in zip(kept_numbers, actions, strict=True):
         out(race_summary(number, action))
+    frozen = [a for a in actions if "stale" not in a]
+    if not frozen:
+        print(f"tune.py: no race line of {log_path} matches a racing row of {submission_path}'s tables "
+              "(changed since the race?): nothing frozen", file=sys.stderr)
+        return EXIT_BAD_ARGS
     changed = [name for name in new_tables if new_tables[name] != tables[name]]
     for name in changed:
         out(f"\n{format_table(name, new_tables[name])}")
@@ -1257,7 +1362,7 @@ def from_log(log_path, submission_path, write=False, out=print):
 
         utils.prepare_environment()
         for name in changed:
-            shapes = [(a["parsed"]["batch"], a["parsed"]["kv_len"]) for a in actions if a["parsed"]["table"] == name]
+            shapes = [(a["parsed"]["batch"], a["parsed"]["kv_len"]) for a in frozen if a["parsed"]["table"] == name]
             write_table(submission_path, name, new_tables[name], shapes)
             out(f"written into {submission_path} (only {name} between the markers changed)")
     elif changed:
