@@ -17,6 +17,8 @@ TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS), str(TESTS.parent)]
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from aiter_double import loader  # noqa: E402
 
@@ -57,8 +59,35 @@ def raises(*args, **kwargs):
     raise RuntimeError("no kernel for this shape")
 
 
-STAND_INS = {"zeros": zeros, "every_2nd_token": every_2nd_token, "aborts": aborts, "segfaults": segfaults,
-             "hangs": hangs, "raises": raises}
+@triton.jit
+def _store_far(OUT, offset):
+    tl.store(OUT + offset + tl.arange(0, 16), tl.zeros([16], tl.float32))
+
+
+def gpu_fault(q, *args, **kwargs):
+    """A Triton kernel storing about 4 TB past its buffer: an illegal address on the GPU."""
+    out = torch.empty(16, dtype=torch.float32, device=q.device)
+    _store_far[(1,)](out, 1 << 40)
+    torch.cuda.synchronize()
+    return zeros(q)
+
+
+@triton.jit
+def _spin(FLAG):
+    while tl.load(FLAG, volatile=True) == 0:
+        pass
+
+
+def gpu_hang(q, *args, **kwargs):
+    """A Triton kernel waiting for a flag nobody sets."""
+    flag = torch.zeros(1, dtype=torch.int32, device=q.device)
+    _spin[(1,)](flag)
+    torch.cuda.synchronize()
+    return zeros(q)
+
+
+STAND_INS = {"gpu_fault": gpu_fault, "gpu_hang": gpu_hang, "zeros": zeros, "every_2nd_token": every_2nd_token,
+             "aborts": aborts, "segfaults": segfaults, "hangs": hangs, "raises": raises}
 
 
 def register(module, names, routes=STAND_INS):

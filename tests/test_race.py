@@ -130,13 +130,13 @@ def test_a_candidate_that_kills_or_hangs_the_measuring_process_is_named_and_drop
     """The caller survives (it never runs an unmeasured candidate), a new process measures the rest."""
     first, fast, bad = persistent(16), persistent(8), stand_in(fault)
     mod = sub(racing_table(first, bad, fast), timed((first, 20.0), (bad, 1.0), (fast, 10.0)), stand_ins=(fault,))
-    mod.RACE_CANDIDATE_LIMIT_S = 4.0
+    mod.RACE_CANDIDATE_LIMIT_S = 10.0  # a loaded CI machine must not make an honest candidate look hung
     inputs = data()
     out = mod.custom_kernel(inputs)
     assert mod.LAST_ROUTE == route_of(fast) and reference.rel_l2_error(out, inputs) <= 0.06
     line = race_lines(capsys)[0]
     expected = {"aborts": "[2] x died (signal 6", "segfaults": "[2] x died (signal 11",
-                "hangs": "[2] x hung (> 4 s)"}[fault]
+                "hangs": "[2] x hung (> 10 s)"}[fault]
     assert expected in line and "[1] 20.0/20.0" in line and "[3] 10.0/10.0" in line
 
 
@@ -228,7 +228,8 @@ def test_one_racing_call_measures_every_racing_row_of_the_table(sub, capsys):
     mod.custom_kernel(data())
     lines = race_lines(capsys)
     assert [line.split(" (us")[0] for line in lines] == [
-        f"submission.py race AITER_ROUTE_TABLE bs={BATCH} kv={KV_LEN}", f"submission.py race AITER_ROUTE_TABLE bs=2 kv={KV_LEN}"]
+        f"submission.py race AITER_ROUTE_TABLE bs={BATCH} kv={KV_LEN}",
+        f"submission.py race AITER_ROUTE_TABLE bs=2 kv={KV_LEN}"]
     mod.RACE_JOB_BUDGET_S = 0.0  # any further measuring would show as a budget note
     mod.custom_kernel(reference.generate_input(2, 1, KV_LEN, 3, device="cpu"))
     assert mod.LAST_ROUTE == route_of(fast) and race_lines(capsys) == []
@@ -295,7 +296,8 @@ def test_when_no_measuring_process_starts_the_first_candidate_runs_and_the_line_
     out = mod.custom_kernel(inputs)
     assert mod.LAST_ROUTE == route_of(first) and reference.rel_l2_error(out, inputs) <= 0.06
     line = race_lines(capsys)[0]
-    assert f"-> chosen [1] {label(first)}; not measured: the measuring process could not start (FileNotFoundError" in line
+    assert (f"-> chosen [1] {label(first)}; not measured: the measuring process could not start "
+            "(FileNotFoundError") in line
     assert line.endswith("; the first candidate runs")
 
 
@@ -349,7 +351,8 @@ def test_a_jobs_race_output_stays_under_4_kb(repo_root, capsys):
 
     for table in (submission.AITER_ROUTE_TABLE, submission.TRITON_ROUTE_TABLE):
         rows = {(r["max_batch"], r["max_kv_len"]): r for r in table if r.get("candidates")}
-        for results in ({"median": 123.4, "mean": 125.6}, {"why": "died (signal 6: Memory access fault by GPU node-2 (A"}):
+        long_why = "died (signal 6: Memory access fault by GPU node-2 (A"
+        for results in ({"median": 123.4, "mean": 125.6}, {"why": long_why}):
             submission._RACE_PRINTED[0] = 0
             for shape, row in rows.items():
                 count = len(submission.race_candidates(row))
