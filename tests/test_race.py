@@ -123,6 +123,18 @@ def test_fast_but_wrong_candidates_are_never_chosen(sub, monkeypatch, capsys):
     assert '[3] aiter_a8w8_persistent {"page_size":8,"num_splits":8,"q_scale":"unit"} dropped (rel L2 ' in line
 
 
+def test_the_a16w8_candidate_is_checked_against_its_own_bound_and_can_win(sub, capsys):
+    first = persistent(16)
+    a16w8 = {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}}
+    mod, timer = sub(table=racing_table(first, a16w8), times={key(first): 20.0, key(a16w8): 12.0})
+    inputs = data()
+    out = mod.custom_kernel(inputs)
+    assert timer.timed == [key(first), key(a16w8)]
+    assert mod.LAST_ROUTE == f"aiter_a16w8_persistent {a16w8['params']}"
+    assert strict_error(out, inputs) <= mod.ROUTE_INFO["aiter_a16w8_persistent"]["rel_l2_bound"] == 0.05
+    assert race_lines(capsys)[0].endswith('-> chosen [2] aiter_a16w8_persistent {"page_size":1,"num_splits":16}')
+
+
 def test_a_candidate_that_raises_is_reported_and_skipped(sub, monkeypatch, capsys):
     boom, first = {"route": "boom", "params": {}}, persistent(16)
     mod, timer = sub(table=racing_table(boom, first), times={key(first): 20.0})
