@@ -212,14 +212,15 @@ def test_without_a_gpu_and_without_a_timer_nothing_is_measured(sub, monkeypatch,
 def test_the_default_tables_race_every_leaderboard_shape_honestly(repo_root):
     """Each leaderboard shape has a racing row at its exact bounds; every candidate is a known route
     with parameters it accepts; the aiter rows race the honest aiter routes (page size 1, two or
-    more split counts for the persistent route) and the Triton routes compiled for gfx950."""
+    more split counts for the persistent route, and the a16w8 persistent route at split counts of its
+    a8w8 sibling) and the Triton routes compiled for gfx950."""
     import inspect
 
     import submission
     import utils
 
     routes = {**submission.ROUTES, "hopper_fp8": submission.hopper_fp8_route}
-    for name in ("aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent"):
+    for name in ("aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent", "aiter_a16w8_persistent"):
         routes.setdefault(name, getattr(submission, f"{name}_route"))
     for table_name in ("AITER_ROUTE_TABLE", "TRITON_ROUTE_TABLE"):
         table = getattr(submission, table_name)
@@ -237,6 +238,8 @@ def test_the_default_tables_race_every_leaderboard_shape_honestly(repo_root):
                 names = [c["route"] for c in candidates]
                 splits = {c["params"]["num_splits"] for c in candidates if c["route"] == ROUTE}
                 assert "aiter_fp8" in names and "triton_fp8" in names and len(splits) >= 2
+                a16w8 = [c["params"]["num_splits"] for c in candidates if c["route"] == "aiter_a16w8_persistent"]
+                assert a16w8 and set(a16w8) <= splits, (batch, kv_len, a16w8)
                 # "bf16" (dot_scaled with a bf16 q) spills on gfx950 and issues no scaled MFMA there
                 assert {c["params"]["qk_dot_scaled"] for c in candidates if c["route"] == "triton_mxfp4"} == {
                     "none", "e4m3"}
