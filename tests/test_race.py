@@ -125,6 +125,20 @@ def test_fast_but_wrong_candidates_are_never_chosen(sub, capsys):
     assert line.endswith(f"-> chosen [1] {label(first)}")
 
 
+def test_the_a16w8_candidate_is_judged_by_its_own_formats_and_can_win(sub, capsys):
+    """bf16 q over the fp8 cache: its reach has no q rounding, so its bound is tighter than a8w8's."""
+    first = persistent(16)
+    a16w8 = {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}}
+    mod = sub(racing_table(first, a16w8), timed((first, 20.0), (a16w8, 12.0)))
+    inputs = data()
+    out = mod.custom_kernel(inputs)
+    assert mod.LAST_ROUTE == route_of(a16w8)
+    assert reference.rel_l2_error(out, inputs) <= mod.ROUTE_INFO["aiter_a16w8_persistent"]["rel_l2_bound"] == 0.05
+    truth = mod.RaceTruth(inputs)
+    assert mod.race_q_format(a16w8) == "bf16" and truth.bound("bf16", "fp8") < truth.bound("fp8", "fp8")
+    assert race_lines(capsys)[0].endswith(f"-> chosen [2] {label(a16w8)}")
+
+
 @pytest.mark.parametrize("fault", ["aborts", "segfaults", "hangs"])
 def test_a_candidate_that_kills_or_hangs_the_measuring_process_is_named_and_dropped(sub, capsys, fault):
     """The caller survives (it never runs an unmeasured candidate), a new process measures the rest."""
@@ -369,14 +383,15 @@ def test_a_jobs_race_output_stays_under_4_kb(repo_root, capsys):
 def test_the_default_tables_race_every_leaderboard_shape_honestly(repo_root):
     """Each leaderboard shape has a racing row at its exact bounds; every candidate is a known route
     with parameters it accepts; the aiter rows race the honest aiter routes (page size 1, two or
-    more split counts for the persistent route) and the Triton routes compiled for gfx950."""
+    more split counts for the persistent route, and the a16w8 persistent route at split counts of its
+    a8w8 sibling) and the Triton routes compiled for gfx950."""
     import inspect
 
     import submission
     import utils
 
     routes = {**submission.ROUTES, "hopper_fp8": submission.hopper_fp8_route}
-    for name in ("aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent"):
+    for name in ("aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent", "aiter_a16w8_persistent"):
         routes.setdefault(name, getattr(submission, f"{name}_route"))
     for table_name in ("AITER_ROUTE_TABLE", "TRITON_ROUTE_TABLE"):
         table = getattr(submission, table_name)
@@ -394,6 +409,8 @@ def test_the_default_tables_race_every_leaderboard_shape_honestly(repo_root):
                 names = [c["route"] for c in candidates]
                 splits = {c["params"]["num_splits"] for c in candidates if c["route"] == ROUTE}
                 assert "aiter_fp8" in names and "triton_fp8" in names and len(splits) >= 2
+                a16w8 = [c["params"]["num_splits"] for c in candidates if c["route"] == "aiter_a16w8_persistent"]
+                assert a16w8 and set(a16w8) <= splits, (batch, kv_len, a16w8)
                 # "bf16" (dot_scaled with a bf16 q) spills on gfx950 and issues no scaled MFMA there
                 assert {c["params"]["qk_dot_scaled"] for c in candidates if c["route"] == "triton_mxfp4"} == {
                     "none", "e4m3"}

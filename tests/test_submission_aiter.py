@@ -13,6 +13,7 @@ default device (a GPU where there is one: the Triton routes need one unless inte
 """
 import importlib
 import inspect
+import random
 
 import pytest
 import torch
@@ -76,6 +77,17 @@ def _reference_error(reference, out, data):
     return reference.rel_l2_error(out, reference.ref_kernel_torch(data).double())
 
 
+def _a16w8_maths_error(reference, out, data):
+    """Distance to the a16w8 kernel's own mathematics (bf16 q as given, the fp8 KV dequantised,
+    the softmax exact): a dropped row, a wrong page or a wrong split weight shows far above
+    bf16 rounding; so does a q rounded to fp8 (about 0.025)."""
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    kv, kv_scale = kv_data["fp8"]
+    dequantised = kv.double() * kv_scale.double().reshape(())
+    exact = reference.attention_float64((q, {"bf16": dequantised}, qo_indptr, kv_indptr, config))
+    return reference.rel_l2_error(out, exact)
+
+
 def _label(row):
     return f"{row['route']} {row['params']}"
 
@@ -111,7 +123,8 @@ def test_import_reads_each_generation_from_the_op_schemas(generation):
     assert metadata[-2:] == dtype_names
     info = mod.AITER_API["get_mla_metadata_info_v1"]
     assert ("max_split_per_batch" in info) == (generation >= "2026-06-11")
-    assert set(mod.ROUTES) >= {"aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent"}
+    assert set(mod.ROUTES) >= {"aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent",
+                               "aiter_a16w8_persistent"}
     assert mod.active_route_table() is mod.AITER_ROUTE_TABLE
 
 
@@ -232,26 +245,31 @@ def test_a_metadata_api_this_file_cannot_call_is_refused(runner_aiter):
 # The double refuses what aiter refuses
 
 
-def _persistent_call(mod, data, page_size=1, num_splits=4):
-    """(stage-1 arguments by name, plan) exactly as the persistent route passes them."""
+def _persistent_call(mod, data, page_size=1, num_splits=4, q_format="fp8"):
+    """(stage-1 arguments by name, plan) exactly as the persistent routes pass them: fp8 q with
+    its per-tensor scale (aiter_a8w8_persistent) or bf16 q without one (aiter_a16w8_persistent)."""
     q, kv_data, qo_indptr, kv_indptr, config = data
     kv, kv_scale = kv_data["fp8"]
     batch, total_kv = qo_indptr.shape[0] - 1, kv.shape[0]
     uniform = mod.declares_uniform_kv(batch, total_kv, config)
     tables = mod.page_tables(batch, total_kv, config["kv_seq_len"], page_size, q.device)
     kv_page_indptr = kv_indptr if page_size == 1 else tables.kv_page_indptr
-    q_fp8, q_scale = mod.quantize_q_fp8(q, kv.dtype, "tensor")
+    if q_format == "fp8":
+        q_in, q_scale = mod.quantize_q_fp8(q, kv.dtype, "tensor")
+        q_in, q_scale = q_in.clone(), q_scale.clone()
+    else:
+        q_in, q_scale = q.clone(), None
     plan = mod.persistent_plan(qo_indptr, kv_page_indptr, tables.kv_last_page_lens, batch,
                                total_kv, config["kv_seq_len"], uniform, 1, page_size,
-                               num_splits, q_fp8.dtype, kv.dtype, q.device)
+                               num_splits, q_in.dtype, kv.dtype, q.device)
     args = dict(
-        Q=q_fp8.clone(), KV=kv.view(total_kv // page_size, page_size, 1, 576),
+        Q=q_in, KV=kv.view(total_kv // page_size, page_size, 1, 576),
         qo_indptr=qo_indptr, kv_indptr=kv_page_indptr, kv_page_indices=tables.kv_page_ids,
         kv_last_page_lens=tables.kv_last_page_lens, num_kv_splits_indptr=None,
         work_meta_data=plan.work_meta_data, work_indptr=plan.work_indptr,
         work_info_set=plan.work_info_set, max_seqlen_q=1, page_size=page_size, nhead_kv=1,
         softmax_scale=mod.SM_SCALE, splitData=plan.partial_output, splitLse=plan.partial_lse,
-        output=torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16), q_scale=q_scale.clone(),
+        output=torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16), q_scale=q_scale,
         kv_scale=kv_scale)
     return args, plan
 
@@ -359,6 +377,109 @@ def test_the_runners_reference_calls_run_on_the_double(make_input, reference):
             reference.ref_kernel_aiter(short)
     assert facts[0]["intra_batch_mode"] and not facts[0]["fast_mode"] and facts[0]["is_causal"]
     assert _reference_error(reference, out, data) < 2e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# The double's kernels: the (q, KV, heads, persistent, q length) combinations aiter f3be04a12 has
+# on gfx950 (hsa/gfx950/mla/mla_asm.csv, chosen as csrc/py_itfs_cu/asm_mla.cu chooses)
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype,persistent,q_len,kernel", [
+    (torch.bfloat16, torch.float8_e4m3fn, True, 1, "mla_a16w8_qh16_m16x4_n16x1_coex0_mask1_ps"),
+    (torch.bfloat16, torch.float8_e4m3fn, True, 4, "mla_a16w8_qh16_m16x4_n16x1_coex0_mask1_ps"),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, True, 1, "mla_a8w8_qh16_qseqlen1_gqaratio16_ps"),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, False, 1, "mla_a8w8_qh16_qseqlen1_gqaratio16"),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, True, 3, "mla_a8w8_qh64_qseqlen4_gqaratio16_ps"),
+    (torch.bfloat16, torch.bfloat16, False, 1, "mla_dec_stage1_bf16_a16w16_subQ16_mqa16"),
+    (torch.bfloat16, torch.bfloat16, True, 1, "mla_a16w16_qh16_m16x4_n16x1_coex0_mask1_ps"),
+])
+def test_the_double_picks_aiters_kernel(runner_aiter, q_dtype, kv_dtype, persistent, q_len,
+                                        kernel):
+    double = runner_aiter.aiter._double
+    assert double.asm_decode_kernel("fn", q_dtype, kv_dtype, 16, persistent, q_len) == kernel
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype,persistent,q_len,message", [
+    # bf16 q over fp8 KV: persistent only, q length at most 4 (padded to the kernel's 4)
+    (torch.bfloat16, torch.float8_e4m3fn, False, 1, "cannot get heuristic kernel.*ps:0"),
+    (torch.bfloat16, torch.float8_e4m3fn, True, 5, "cannot get heuristic kernel.*qseqlen:5"),
+    (torch.float8_e4m3fn, torch.bfloat16, True, 1, "cannot get heuristic kernel.*kv_type:bf16"),
+    (torch.bfloat16, torch.uint8, True, 1, "cannot get heuristic kernel.*kv_type:byte"),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, True, 5, "qo_len <= 4"),
+    (torch.float16, torch.float8_e4m3fn, True, 1, "unsupport Q dtype"),
+    (torch.bfloat16, torch.float32, True, 1, "unsupport KV dtype"),
+])
+def test_the_double_refuses_combinations_without_a_gfx950_kernel(runner_aiter, q_dtype, kv_dtype,
+                                                                  persistent, q_len, message):
+    double = runner_aiter.aiter
+    with pytest.raises(RuntimeError, match=message) as raised:  # aiter's TORCH_CHECK kind
+        double._double.asm_decode_kernel("fn", q_dtype, kv_dtype, 16, persistent, q_len)
+    assert isinstance(raised.value, double.ContractError)
+
+
+def _byte_packed(kv_data):
+    """The mxfp4 cache's bytes as a stage-1 KV buffer: (rows, 1, 1, 288) uint8."""
+    data = kv_data["mxfp4"][0]
+    return data.view(torch.uint8).view(data.shape[0], 1, 1, data.shape[-1])
+
+
+@pytest.mark.parametrize("change,message", [
+    ("without a plan (split indptr)", "cannot get heuristic kernel.*ps:0"),
+    ("fp8 q over the bf16 KV", "cannot get heuristic kernel"),
+    ("bf16 q over the packed mxfp4 bytes", "cannot get heuristic kernel.*kv_type:byte"),
+    ("bf16 q over the fp4x2 cache", "head_size == KV.size"),
+    ("q length 8", "cannot get heuristic kernel.*qseqlen:8"),
+    ("no kv_scale", "kv_scale"),
+])
+def test_the_double_refuses_a16w8_calls_aiter_refuses(runner_aiter, make_input, change, message):
+    """Stage 1 as the a16w8 route calls it, one thing changed: each fails as aiter fails (the
+    call unchanged is accepted, below)."""
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    data, _ = make_input(4, 256)
+    args, _ = _persistent_call(mod, data, q_format="bf16")
+    if change == "without a plan (split indptr)":
+        args["num_kv_splits_indptr"] = torch.arange(5, dtype=torch.int32)
+    elif change == "fp8 q over the bf16 KV":
+        args["Q"], args["q_scale"] = mod.quantize_q_fp8(data[0], torch.float8_e4m3fn, "tensor")
+        args["KV"] = data[1]["bf16"].view(-1, 1, 1, 576)
+    elif change == "bf16 q over the packed mxfp4 bytes":
+        args["KV"] = _byte_packed(data[1])
+    elif change == "bf16 q over the fp4x2 cache":
+        args["KV"] = data[1]["mxfp4"][0].view(-1, 1, 1, data[1]["mxfp4"][0].shape[-1])
+    elif change == "q length 8":
+        args["max_seqlen_q"] = 8
+    elif change == "no kv_scale":
+        args["kv_scale"] = None
+    with pytest.raises(RuntimeError, match=message):
+        double.mla_decode_stage1_asm_fwd(**args)
+
+
+def test_mla_decode_fwd_refuses_bf16_q_over_fp8_kv_without_a_plan(runner_aiter, make_input):
+    """aiter has no non-persistent a16w8 kernel: mla_decode_fwd without a work plan fails (the
+    module's mla_decode_fwd is the double's, imported with it)."""
+    data, _ = make_input(4, 64)
+    q, kv_data, qo_indptr, kv_indptr, _ = data
+    kv, kv_scale = kv_data["fp8"]
+    out = torch.empty(4, 16, 512, dtype=torch.bfloat16)
+    pages = torch.arange(kv.shape[0], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="cannot get heuristic kernel.*ps:0"):
+        runner_aiter.module.mla_decode_fwd(q, kv.view(-1, 1, 1, 576), out, qo_indptr, kv_indptr,
+                                           pages, torch.ones(4, dtype=torch.int32), 1,
+                                           kv_scale=kv_scale)
+
+
+def test_the_a16w8_call_as_the_route_makes_it_is_accepted(runner_aiter, make_input, reference):
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    data, _ = make_input(4, 1024)
+    args, plan = _persistent_call(mod, data, q_format="bf16")
+    assert args["Q"].dtype == torch.bfloat16 and args["q_scale"] is None
+    double.reset()
+    double.mla_decode_stage1_asm_fwd(**args)
+    double.mla_reduce_v1(plan.partial_output, plan.partial_lse, plan.reduce_indptr,
+                         plan.reduce_final_map, plan.reduce_partial_map, 1, args["output"])
+    (facts,) = [f for name, f in double.LOG if name == "mla_decode_stage1_asm_fwd"]
+    assert facts["kernel"] == double._double.A16W8_KERNEL
+    assert _a16w8_maths_error(reference, args["output"], data) < 2e-3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,6 +593,107 @@ def test_the_default_table_rows_are_all_reached(runner_aiter):
         total_kv = sum(kv_lens) if kv_lens else batch * kv_len
         reached.add(mod.AITER_ROUTE_TABLE.index(mod.select_route(batch, total_kv // batch, kv_lens is None)))
     assert reached == set(range(len(mod.AITER_ROUTE_TABLE)))
+
+
+# ---------------------------------------------------------------------------------------------
+# aiter_a16w8_persistent: bf16 q over the fp8 KV, held to its own (tighter) bound
+
+A16W8 = "aiter_a16w8_persistent"
+A16W8_CASES = [  # (batch, kv_len, kv_lens, num_splits)
+    (4, 64, None, 4),
+    (8, 256, None, 16),
+    (4, 1024, None, 16),  # several splits per batch: the reduce merges them
+    (3, 0, (300, 17, 200), 8),  # ragged: the balanced plan, refilled per call
+]
+
+
+def _fresh_input(reference, batch, kv_len, kv_lens):
+    """(seed, inputs, float64 attention) for a seed no other test uses (in failure messages)."""
+    seed = random.SystemRandom().randrange(1, 2**31)
+    data = reference.generate_input(batch, 1, kv_len, seed, kv_lens=kv_lens, device="cpu")
+    return seed, data, reference.attention_float64(data)
+
+
+def _poison_new_buffers(monkeypatch, mod):
+    """Every float tensor the route allocates from here on starts as NaN (output, partials,
+    lse): a row the kernels never write, or a partial the reduce reads unwritten, shows."""
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        tensor = empty(*args, **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    mod._PLANS.clear()
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
+@pytest.mark.parametrize("batch,kv_len,kv_lens,num_splits", A16W8_CASES)
+def test_a16w8_is_strictly_accurate_on_fresh_inputs(loaded, reference, monkeypatch, batch, kv_len,
+                                                    kv_lens, num_splits):
+    mod = loaded.module
+    seed, data, expected = _fresh_input(reference, batch, kv_len, kv_lens)
+    _poison_new_buffers(monkeypatch, mod)
+    out = mod.aiter_a16w8_persistent_route(*data, page_size=1, num_splits=num_splits)
+    monkeypatch.undo()
+    bound = mod.ROUTE_INFO[A16W8]["rel_l2_bound"]
+    assert _route_error(reference, out, expected) <= bound, seed
+    assert _a16w8_maths_error(reference, out, data) < 2e-3, seed
+    assert not _route_error(reference, torch.zeros_like(out), expected) <= bound  # zeros fail
+
+
+@pytest.mark.parametrize("batch,kv_len", [(4, 64), (8, 256), (4, 1024)])
+def test_a16w8_error_is_below_the_a8w8_routes_on_the_same_inputs(loaded, reference, batch,
+                                                                 kv_len):
+    """q is not rounded: only the fp8 KV costs accuracy (about 0.8x the a8w8 route's error on
+    randn data); a route that rounded q to fp8 after all would not show this margin."""
+    mod = loaded.module
+    seed, data, expected = _fresh_input(reference, batch, kv_len, None)
+    a16w8 = _route_error(reference, mod.aiter_a16w8_persistent_route(*data, num_splits=8),
+                         expected)
+    a8w8 = _route_error(reference, mod.aiter_a8w8_persistent_route(*data, num_splits=8,
+                                                                   q_scale="tensor"), expected)
+    assert a16w8 < 0.9 * a8w8, (seed, a16w8, a8w8)
+    assert a8w8 <= mod.ROUTE_INFO["aiter_a8w8_persistent"]["rel_l2_bound"]
+
+
+def test_a16w8_calls_the_a16w8_kernel_with_bf16_q_and_no_quantisation(runner_aiter, make_input,
+                                                                      reference):
+    mod, double = runner_aiter.module, runner_aiter.aiter
+    data, _ = make_input(8, 256)
+    mod._PLANS.clear()
+    mod._Q_FP8.clear()
+    double.reset()
+    out = mod.aiter_a16w8_persistent_route(*data, page_size=1, num_splits=8)
+    assert not mod._Q_FP8  # no q buffer: no quantisation launch
+    (stage1,) = [f for name, f in double.LOG if name == "mla_decode_stage1_asm_fwd"]
+    (plan,) = [f for name, f in double.LOG if name == "get_mla_metadata_v1"]
+    assert stage1["kernel"] == double._double.A16W8_KERNEL
+    assert (plan["dtype_q"], plan["dtype_kv"]) == (torch.bfloat16, data[1]["fp8"][0].dtype)
+    assert double.CALLS["mla_decode_stage1_asm_fwd"] == double.CALLS["mla_reduce_v1"] == 1
+    assert _a16w8_maths_error(reference, out, data) < 2e-3
+    mod.aiter_a16w8_persistent_route(*data, page_size=1, num_splits=8)  # same shape: plan reused
+    assert double.CALLS["get_mla_metadata_v1"] == 1 and len(mod._PLANS) == 1
+    mod.aiter_a8w8_persistent_route(*data, page_size=1, num_splits=8)  # fp8 q: a plan of its own
+    assert double.CALLS["get_mla_metadata_v1"] == 2 and len(mod._PLANS) == 2
+
+
+@pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
+def test_every_generation_runs_the_a16w8_route(generation, make_input, reference):
+    mod = loader.load_submission(generation).module
+    assert A16W8 in mod.ROUTES
+    for batch, kv_len, kv_lens in ((4, 256, None), (3, 0, (300, 17, 200))):
+        data, expected = make_input(batch, kv_len, kv_lens=kv_lens)
+        out = mod.ROUTES[A16W8](*data, page_size=1, num_splits=8)
+        assert _a16w8_maths_error(reference, out, data) < 2e-3, (generation, kv_lens)
+        assert _route_error(reference, out, expected) <= mod.ROUTE_INFO[A16W8]["rel_l2_bound"]
+
+
+def test_a16w8_route_info_and_paged_refusal(runner_aiter, make_input):
+    mod = runner_aiter.module
+    assert mod.ROUTE_INFO[A16W8] == {"kv_format": "fp8", "q_format": "bf16", "rel_l2_bound": 0.05}
+    data, _ = make_input(4, 0, kv_lens=(64, 192, 128, 128))
+    with pytest.raises(ValueError, match="aiter_a16w8_persistent: page_size 2"):
+        mod.aiter_a16w8_persistent_route(*data, page_size=2, num_splits=4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,6 +837,7 @@ def test_per_tensor_q_matches_the_reference_quantiser(runner_aiter, make_input, 
     ("aiter_fp8", {"q_scale": "unit"}),
     ("aiter_a8w8_persistent", {"page_size": 1, "num_splits": 4, "q_scale": "unit"}),
     ("aiter_a8w8_persistent", {"page_size": 2, "num_splits": 4, "q_scale": "unit"}),
+    ("aiter_a16w8_persistent", {"page_size": 1, "num_splits": 4}),
 ])
 def test_each_call_returns_a_fresh_output(runner_aiter, route, params, make_input):
     mod = runner_aiter.module

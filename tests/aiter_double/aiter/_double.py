@@ -34,6 +34,14 @@ Two ways of planning, as aiter at f3be04a12 (csrc/kernels/mla/metadata.cu) picks
   into min(length // 196, ceil(NUM_CU / batch), max_split_per_batch) pieces (gfx950's rule). A
   batch shorter than 196 gets 0 pieces, and aiter divides by zero: the double refuses it.
 
+Kernels: stage 1 (and mla_decode_fwd) first pick an assembly kernel as aiter f3be04a12 does on
+gfx950 (csrc/py_itfs_cu/asm_mla.cu, hsa/gfx950/mla/mla_asm.csv): from Q's and the KV's dtypes,
+the heads per KV head, persistent or not, and the q length after aiter's padding (bf16 q with fp8
+KV, persistent: a q length <= 4 is padded to 4). A combination the table lacks is refused with
+aiter's "cannot get heuristic kernel" (bf16 q over fp8 KV without a plan, fp8 q over bf16 KV,
+bf16 q over a byte-packed cache); a packed fp4x2 cache fails aiter's head-size check first. Only
+the decode rows the route families use are computed: 16 heads, q length 1.
+
 Page mode (AITER_DOUBLE_PAGE_MODE, or set_page_mode): "exact" (default) reads every row of every
 page. "first_token" behaves like the suspected fp8 persistent kernel for q length 1 (runner.md
 section 5): with page_size > 1 it reads only the first row of each page.
@@ -142,9 +150,11 @@ def need_power_of_two(fn, name, value):
 
 def need_scale(fn, name, scale, data_name, data, device):
     """fp8 data needs a float32 per-tensor scale of one element on the kernel's device (the
-    kernel reads it through its address); bf16 data takes none."""
+    kernel reads it through its address; without one aiter leaves that address unset, also for
+    fp8 KV under bf16 Q); bf16 data takes none (a scale given is not read)."""
     if data.dtype in FP8_DTYPES:
-        expect(scale is not None, f"{fn}: fp8 '{data_name}' needs '{name}' (float32, 1 element)")
+        expect(scale is not None, f"{fn}: fp8 '{data_name}' needs '{name}' (float32, 1 element): "
+                                  "the kernel reads it through an address aiter leaves unset")
         need_tensor(fn, name, scale, dtype=torch.float32)
         expect(scale.numel() == 1, f"{fn}: '{name}' must hold 1 element, has {scale.numel()}")
     elif not need_tensor(fn, name, scale, optional=True):
@@ -159,22 +169,100 @@ def dequantize(data, scale):
     return x * scale.float().reshape(()) if data.dtype in FP8_DTYPES else x
 
 
-def check_q_kv(fn, q, kv, page_size, nhead_kv):
-    """q (total_q, 16, 576) fp8|bf16, contiguous; kv (num_pages, page_size, nhead_kv, 576) of the
-    same dtype."""
-    need_tensor(fn, "Q", q, dtype=FP8_DTYPES + (torch.bfloat16,), ndim=3)
-    expect(tuple(q.shape[1:]) == (NUM_HEADS, QK_HEAD_DIM),
-           f"{fn}: 'Q' has shape {tuple(q.shape)}, expected (total_q, {NUM_HEADS}, {QK_HEAD_DIM})")
+# aiter f3be04a12's gfx950 decode kernels (hsa/gfx950/mla/mla_asm.csv, rows with prefill 0 and
+# causal 0): (q type, KV type, heads per KV head, persistent, padded q length; 0 = any) -> name.
+GFX950_DECODE_KERNELS = {
+    ("bf16", "bf16", 128, 0, 0): "mla_dec_stage1_bf16_a16w16_subQ128_mqa128",
+    ("bf16", "bf16", 16, 1, 4): "mla_a16w16_qh16_m16x4_n16x1_coex0_mask1_ps",
+    ("bf16", "bf16", 16, 0, 1): "mla_dec_stage1_bf16_a16w16_subQ16_mqa16",
+    ("bf16", "bf16", 16, 0, 4): "mla_a16w16_qh16_m16x4_n16x1_coex0_mask1",
+    ("bf16", "bf16", 16, 0, 8): "mla_a16w16_qh16_m32x4_n16x1_coex0_mask1",
+    ("bf16", "fp8", 16, 1, 4): "mla_a16w8_qh16_m16x4_n16x1_coex0_mask1_ps",
+    ("fp8", "fp8", 16, 1, 1): "mla_a8w8_qh16_qseqlen1_gqaratio16_ps",
+    ("fp8", "fp8", 16, 1, 2): "mla_a8w8_qh16_qseqlen2_gqaratio16_ps",
+    ("fp8", "fp8", 16, 1, 4): "mla_a8w8_qh64_qseqlen4_gqaratio16_ps",
+    ("fp8", "fp8", 16, 0, 1): "mla_a8w8_qh16_qseqlen1_gqaratio16",
+    ("fp8", "fp8", 16, 0, 2): "mla_a8w8_qh16_qseqlen2_gqaratio16",
+    ("fp8", "fp8", 16, 0, 4): "mla_a8w8_qh64_qseqlen4_gqaratio16",
+    ("fp8", "fp8", 32, 1, 4): "mla_a8w8_qh32_qseqlen4_gqaratio32_ps",
+    ("fp8", "fp8", 128, 0, 0): "mla_a8w8_qh128_m32x4_n16x2_msk1",
+    ("fp8", "fp8", 128, 1, 0): "mla_a8w8_qh128_m32x4_n16x2_msk0_ps",
+    ("bf16", "bf16", 32, 0, 0): "mla_a16w16_qh16_m32x1_n16x1_coex0_mask1",
+    ("bf16", "bf16", 64, 0, 0): "mla_a16w16_qh16_m64x1_n16x1_coex0_mask1",
+}
+A16W8_KERNEL = GFX950_DECODE_KERNELS[("bf16", "fp8", 16, 1, 4)]
+A8W8_Q1_KERNEL = GFX950_DECODE_KERNELS[("fp8", "fp8", 16, 1, 1)]
+BYTE_DTYPES = (torch.uint8, torch.int8)  # aiter's "byte" KV (a packed cache)
+
+
+def _asm_type(fn, name, dtype, allowed):
+    """aiter's name for a dtype ("bf16", "fp8", "byte"), or its "unsupport ... dtype" refusal."""
+    kinds = {"bf16": (torch.bfloat16,), "fp8": FP8_DTYPES, "byte": BYTE_DTYPES}
+    for kind in allowed:
+        if dtype in kinds[kind]:
+            return kind
+    raise ContractError(f"{fn}: unsupport {name} dtype: {dtype}")
+
+
+def _padded_q_length(fn, q_type, kv_type, gqa, persistent, max_seqlen_q):
+    """The q length aiter looks the kernel up with (asm_mla.cu's padding rules)."""
+    if gqa == 128:
+        return 0
+    if gqa == 16:
+        if q_type == "fp8":
+            expect(max_seqlen_q <= 4, f"{fn}: only support fp8 mla decoding for qo_len <= 4")
+            return max_seqlen_q if max_seqlen_q <= 2 else 4
+        if kv_type == "bf16" and not persistent:
+            return 1 if max_seqlen_q == 1 else 4 if max_seqlen_q <= 4 else 8
+        return 4 if persistent and max_seqlen_q <= 4 else max_seqlen_q
+    if gqa == 32 and q_type == "fp8" and kv_type == "fp8":
+        expect(persistent and max_seqlen_q == 4,
+               f"{fn}: fp8/fp8 with gqa_ratio=32 only supports decode_qlen=4 in persistent mode")
+        return 4
+    if gqa in (32, 64) and q_type == kv_type == "bf16" and not persistent:
+        return 0
+    return max_seqlen_q
+
+
+def asm_decode_kernel(fn, q_dtype, kv_dtype, gqa, persistent, max_seqlen_q):
+    """The kernel aiter f3be04a12 runs on gfx950 for this call, or its refusal (ContractError,
+    a RuntimeError as aiter's TORCH_CHECK raises)."""
+    q_type = _asm_type(fn, "Q", q_dtype, ("bf16", "fp8"))
+    kv_type = _asm_type(fn, "KV", kv_dtype, ("bf16", "fp8", "byte"))
+    ps = int(persistent)
+    if gqa == 128 and q_type == kv_type == "bf16":
+        ps = 0  # aiter runs its non-persistent kernel there
+    q_len = _padded_q_length(fn, q_type, kv_type, gqa, persistent, max_seqlen_q)
+    name = GFX950_DECODE_KERNELS.get((q_type, kv_type, gqa, ps, q_len))
+    expect(name is not None,
+           f"{fn}: get_heuristic_kernel_mla: cannot get heuristic kernel! q_type:{q_type} "
+           f"kv_type:{kv_type} gqa:{gqa} ps:{ps} prefill:0 causal:0 qseqlen:{q_len}")
+    return name
+
+
+def check_q_kv(fn, q, kv, page_size, nhead_kv, persistent, max_seqlen_q):
+    """aiter's own checks, in its order (a contiguous Q, one KV head, the head size unless the
+    KV is byte-packed, a kernel for the dtypes and q length); then what the double models: q
+    (total_q, 16, 576), kv (num_pages, page_size, 1, 576). Returns the kernel's name."""
+    need_tensor(fn, "Q", q, ndim=3)
     expect(q.is_contiguous(), f"{fn}: only support Q.is_contiguous() (aiter's own check)")
     need_tensor(fn, "KV", kv, ndim=4)
-    expect(kv.dtype == q.dtype,
-           f"{fn}: Q is {q.dtype} but KV is {kv.dtype} (the double models a8w8 and a16w16 only)")
-    need_int(fn, "page_size", page_size, 1)
     need_int(fn, "nhead_kv", nhead_kv, 1)
-    expect(nhead_kv == 1, f"{fn}: nhead_kv = {nhead_kv}, MLA has 1")
+    expect(nhead_kv == 1, f"{fn}: only support num_kv_heads==1 (aiter's own check)")
+    need_int(fn, "max_seqlen_q", max_seqlen_q, 1)
+    expect(kv.dtype in BYTE_DTYPES or kv.shape[3] == q.shape[2],
+           f"{fn}: only support head_size == KV.size(3) (Q has {q.shape[2]}, KV {kv.shape[3]}; "
+           "aiter's own check)")
+    kernel = asm_decode_kernel(fn, q.dtype, kv.dtype, q.shape[1] // nhead_kv, persistent,
+                               max_seqlen_q)
+    expect(tuple(q.shape[1:]) == (NUM_HEADS, QK_HEAD_DIM),
+           f"{fn}: 'Q' has shape {tuple(q.shape)}, expected (total_q, {NUM_HEADS}, {QK_HEAD_DIM})")
+    expect(max_seqlen_q == 1, f"{fn}: the double models decode (max_seqlen_q 1) only")
+    need_int(fn, "page_size", page_size, 1)
     expect(tuple(kv.shape[1:]) == (page_size, nhead_kv, QK_HEAD_DIM),
            f"{fn}: 'KV' has shape {tuple(kv.shape)}, expected (num_pages, page_size={page_size}, "
            f"{nhead_kv}, {QK_HEAD_DIM})")
+    return kernel
 
 
 def check_page_table(fn, batch, kv_indptr, kv_page_indices, kv_last_page_lens, num_pages,
@@ -445,7 +533,8 @@ def metadata_fill(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_h
                                           dtype=torch.uint64))
     LOG.append((fn, {"page_size": page_size, "batch": batch, "max_split": max_split_per_batch,
                      "items": len(items), "fast_mode": fast_mode,
-                     "intra_batch_mode": intra_batch_mode, "is_causal": is_causal}))
+                     "intra_batch_mode": intra_batch_mode, "is_causal": is_causal,
+                     "dtype_q": dtype_q, "dtype_kv": dtype_kv}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,11 +562,11 @@ def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_
     """mla_decode_stage1_asm_fwd in persistent mode (aiter's: no num_kv_splits_indptr)."""
     fn = "mla_decode_stage1_asm_fwd"
     CALLS[fn] += 1
-    check_q_kv(fn, Q, KV, page_size, nhead_kv)
+    need_tensor(fn, "num_kv_splits_indptr", num_kv_splits_indptr, dtype=torch.int32, optional=True)
+    kernel = check_q_kv(fn, Q, KV, page_size, nhead_kv, num_kv_splits_indptr is None,
+                        max_seqlen_q)
     need_scale(fn, "q_scale", q_scale, "Q", Q, Q.device)
     need_scale(fn, "kv_scale", kv_scale, "KV", KV, Q.device)
-    need_int(fn, "max_seqlen_q", max_seqlen_q, 1)
-    expect(max_seqlen_q == 1, f"{fn}: the double models decode (max_seqlen_q 1) only")
     need_float(fn, "softmax_scale", softmax_scale)
     need_tensor(fn, "qo_indptr", qo_indptr, dtype=torch.int32, ndim=1)
     batch = qo_indptr.shape[0] - 1
@@ -486,7 +575,6 @@ def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_
     if work_meta_data is None:
         raise NotImplementedError(f"{fn}: the double models the persistent mode (work plan) "
                                   "only; mla_decode_fwd models the non-persistent one")
-    need_tensor(fn, "num_kv_splits_indptr", num_kv_splits_indptr, dtype=torch.int32, optional=True)
     expect(num_kv_splits_indptr is None,
            f"{fn}: num_kv_splits_indptr together with a work plan: aiter then runs the "
            "NON-persistent kernel and ignores the plan")
@@ -499,10 +587,10 @@ def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_
     need_tensor(fn, "splitLse", splitLse, dtype=torch.float32,
                 shape=(partial_rows, 1, NUM_HEADS, 1))
     need_tensor(fn, "lse", lse, dtype=torch.float32, shape=(total_q, NUM_HEADS), optional=True)
-    first_only = (_page_mode == "first_token" and page_size > 1 and Q.dtype in FP8_DTYPES
-                  and max_seqlen_q == 1)
+    # the suspected one-token-per-page reading is the fp8 q-length-1 kernel's (no paged build)
+    first_only = _page_mode == "first_token" and page_size > 1 and kernel == A8W8_Q1_KERNEL
     LOG.append((fn, {"page_size": page_size, "batch": batch, "items": len(items),
-                     "first_token": first_only}))
+                     "first_token": first_only, "kernel": kernel}))
 
     q = dequantize(Q, q_scale)
     kv_rows = dequantize(KV, kv_scale).reshape(-1, QK_HEAD_DIM)
@@ -587,20 +675,20 @@ def default_num_kv_splits(batch, total_kv):
 
 
 def decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
-                     max_seqlen_q, page_size, nhead_kv, sm_scale, logit_cap, q_scale, kv_scale):
-    """The checks both modes of mla_decode_fwd share; returns the softmax scale."""
-    check_q_kv(fn, q, kv_buffer, page_size, nhead_kv)
+                     max_seqlen_q, page_size, nhead_kv, sm_scale, logit_cap, q_scale, kv_scale,
+                     persistent):
+    """The checks both modes of mla_decode_fwd share; returns (softmax scale, kernel name).
+    persistent: whether stage 1 will run without a split indptr (aiter's kernel choice)."""
+    kernel = check_q_kv(fn, q, kv_buffer, page_size, nhead_kv, persistent, max_seqlen_q)
     need_scale(fn, "q_scale", q_scale, "q", q, q.device)
     need_scale(fn, "kv_scale", kv_scale, "kv_buffer", kv_buffer, q.device)
-    need_int(fn, "max_seqlen_q", max_seqlen_q, 1)
-    expect(max_seqlen_q == 1, f"{fn}: the double models decode (max_seqlen_q 1) only")
     expect(logit_cap <= 0, f"{fn}: logit_cap={logit_cap} is not supported (aiter's assert)")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(QK_HEAD_DIM)
     need_float(fn, "sm_scale", sm_scale)
     need_tensor(fn, "o", o, dtype=torch.bfloat16, shape=(q.shape[0], NUM_HEADS, V_HEAD_DIM))
     need_tensor(fn, "qo_indptr", qo_indptr, dtype=torch.int32, ndim=1)
-    return sm_scale
+    return sm_scale, kernel
 
 
 def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
@@ -610,9 +698,9 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
     with fp8 q and one split stage 1 writes o itself (no reduce launch)."""
     fn = "mla_decode_fwd"
     CALLS[fn] += 1
-    sm_scale = decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices,
-                                kv_last_page_lens, max_seqlen_q, page_size, nhead_kv, sm_scale,
-                                logit_cap, q_scale, kv_scale)
+    sm_scale, kernel = decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices,
+                                        kv_last_page_lens, max_seqlen_q, page_size, nhead_kv,
+                                        sm_scale, logit_cap, q_scale, kv_scale, False)
     total_q = q.shape[0]
     batch = qo_indptr.shape[0] - 1
     pages, last = check_page_table(fn, batch, kv_indptr, kv_indices, kv_last_page_lens,
@@ -632,7 +720,7 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
                "n = num_kv_splits")
     direct = q.dtype in FP8_DTYPES and num_kv_splits == 1
     LOG.append((fn, {"page_size": page_size, "batch": batch, "num_kv_splits": num_kv_splits,
-                     "direct": direct, "persistent": False}))
+                     "direct": direct, "persistent": False, "kernel": kernel}))
 
     qf = dequantize(q, q_scale)
     kv_rows = dequantize(kv_buffer, kv_scale).reshape(-1, QK_HEAD_DIM)

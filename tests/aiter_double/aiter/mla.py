@@ -25,9 +25,10 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     fn = "mla_decode_fwd"
     _double.CALLS[fn] += 1
     _double.LOG.append((fn, {"page_size": page_size, "persistent": True}))
-    sm_scale = _double.decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices,
-                                        kv_last_page_lens, max_seqlen_q, page_size, nhead_kv,
-                                        sm_scale, logit_cap, q_scale, kv_scale)
+    sm_scale, _ = _double.decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr,
+                                           kv_indices, kv_last_page_lens, max_seqlen_q,
+                                           page_size, nhead_kv, sm_scale, logit_cap, q_scale,
+                                           kv_scale, num_kv_splits_indptr is None)
     _double.need_tensor(fn, "reduce_partial_map", reduce_partial_map, ndim=1)
     rows = reduce_partial_map.size(0) * max_seqlen_q
     logits = torch.empty(rows, 1, _double.NUM_HEADS, _double.V_HEAD_DIM, dtype=torch.float32,
