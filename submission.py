@@ -2084,7 +2084,7 @@ RACE_OUTPUT_BYTES = 3584  # stderr bytes of race lines per process (the service 
 RACE_SEED = 2026  # the measuring process's inputs
 RACE_CHILD_ENV = "MLA_RACE_CHILD"  # set in the measuring process's environment
 RACE_LINE = "submission.py race"  # how the stderr lines start (tune.py --from-log reads them)
-race_clock = time.perf_counter  # seconds; tests inject their own clock
+race_clock = time.perf_counter  # seconds: the clock of the job budget
 race_timer = None  # (candidate, fn) -> [us per call]; None: events on the GPU. Tests inject their own.
 race_command = None  # argv of the measuring process; None: this file under sys.executable
 race_cache_dir = None  # where a job's choices are kept; None: tempfile.gettempdir()
@@ -2349,7 +2349,8 @@ def race_child_main():
             if "why" in result and device == "cuda":
                 try:  # a fault that poisons the GPU context fails every later candidate: end here
                     torch.cuda.synchronize()
-                except Exception:
+                except Exception as exc:
+                    print("GPU unusable: " + " ".join(str(exc).split()), file=sys.stderr)
                     sys.exit(3)
             _report(end=[row["shape"], index], **result)
         del data, truth
@@ -2443,22 +2444,6 @@ def save_choices(key, choices):
         os.replace(path + ".tmp", path)
     except OSError as exc:
         _race_print(f"{RACE_LINE}: choices not kept for later steps ({_short(exc)})")
-
-
-def _died(proc, log):
-    """Why the measuring process ended: its exit and the last line of its stderr."""
-    rc = proc.wait()
-    how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
-    try:
-        log.seek(0)
-        lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        lines = []
-    return f"died ({how}{': ' + lines[-1][:40] if lines else ''})"
-
-
-def _command():
-    return race_command or [sys.executable, os.path.abspath(__file__)]
 
 
 def run_measuring(job_rows, fp8_dtype, deadline):
@@ -2560,7 +2545,7 @@ def _died(proc, log):
     how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
     log.seek(0)
     lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
-    return f"died ({how}{': ' + lines[-1][:40] if lines else ''})"
+    return f"died ({how}{': ' + lines[-1][:60] if lines else ''})"
 
 
 def _command():
