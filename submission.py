@@ -2160,7 +2160,7 @@ def quantize_mxfp4(kv):
     measuring process's inputs only (the race judges against whatever cache it is given)."""
     n = kv.shape[0]
     packed = torch.empty(n, 1, MXFP4_ROW_BYTES, dtype=torch.uint8, device=kv.device)
-    scales = torch.full((-(-n // 256) * 256, 24), 127, dtype=torch.uint8, device=kv.device)
+    scales = torch.zeros(-(-n // 256) * 256, 24, dtype=torch.uint8, device=kv.device)  # padding 0, as the runner
     midpoints = torch.tensor([(a + b) / 2 for a, b in itertools.pairwise(E2M1_VALUES)], device=kv.device)
     for begin in range(0, n, 1 << 16):  # chunks of rows: float32 temporaries stay small
         x = kv[begin:begin + (1 << 16), 0].float().reshape(-1, MXFP4_SCALES_PER_ROW, 32)

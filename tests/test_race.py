@@ -439,3 +439,45 @@ def test_race_lines_round_trip_through_tune_from_log(sub, capsys, tmp_path, repo
     printed = capsys.readouterr().out
     assert f'{{"max_batch": {BATCH}, "max_kv_len": {KV_LEN}, "route": "{ROUTE}",' in printed
     assert '"num_splits": 8' in printed
+
+
+def test_the_judge_reads_mxfp4_as_the_reference_does(golden_mxfp4_path):
+    """aiter's own MXFP4 bytes (tests/data): the judge's decode equals reference.py's, bit for bit."""
+    import submission
+
+    golden = torch.load(golden_mxfp4_path)
+    packed, scales = golden["fp4_packed_uint8"], golden["scale_e8m0_uint8"]
+    ours = submission.dequantize_mxfp4(packed, scales)
+    assert torch.equal(ours, reference.dequantize_mxfp4(packed, scales))
+
+
+def test_the_measuring_processes_mxfp4_cache_is_a_faithful_encoding():
+    """Its own quantiser (not aiter's bit-exact one): every value within half an e2m1 step of its
+    block scale, and about the error of the leaderboard's quantiser."""
+    import submission
+
+    kv = (torch.randn(300, 1, 576) * torch.logspace(-3, 3, 300)[:, None, None]).to(torch.bfloat16)
+    packed, scales = submission.quantize_mxfp4(kv)
+    assert packed.shape == (300, 1, 288) and scales.shape == (512, 24) and not scales[300:].any()
+    ours = submission.dequantize_mxfp4(packed[:, 0], scales[:300, :18])
+    x = kv[:, 0].float()
+    block_scale = torch.exp2(scales[:300, :18].float() - 127).repeat_interleave(32, dim=1)
+    assert ((ours - x).abs() <= block_scale + 1e-30).all()  # the widest e2m1 step is 2: half of it
+    data, their_scales = reference.quantize_mxfp4(kv, use_aiter=False)
+    theirs = reference.dequantize_mxfp4(data, their_scales, rows=300)[:, 0]
+    ours_error, their_error = ((ours - x).norm() / x.norm()).item(), ((theirs - x).norm() / x.norm()).item()
+    assert ours_error <= 1.1 * their_error
+
+
+def test_the_triton_routes_pass_the_judge_on_the_measuring_processes_inputs():
+    """The inputs race_inputs makes, the judge of each Triton format (interpreter on the CPU): the
+    honest routes pass, zeros do not."""
+    import submission
+
+    data = submission.race_inputs(2, 64, {"fp8", "mxfp4"}, torch.float8_e4m3fn, "cpu")
+    truth = submission.RaceTruth(data)
+    for candidate in ({"route": "triton_fp8", "params": {"num_splits": 2, "block_n": 32}},
+                      {"route": "triton_mxfp4", "params": {"num_splits": 2, "block_n": 32}}):
+        out = submission.ROUTES[candidate["route"]](*data, **candidate["params"])
+        assert submission.race_judge(truth, candidate, out) is None, candidate
+        assert submission.race_judge(truth, candidate, torch.zeros_like(out)).startswith("rel 1>")
