@@ -2099,8 +2099,10 @@ def race_candidates(row):
 
 
 def race_measurable():
-    """Whether candidates can be measured here: a GPU, or a measuring command given (tests)."""
-    return race_command is not None or torch.cuda.is_available()
+    """Whether candidates can be measured here: a measuring command given (tests), or a GPU and
+    this file on disk to run as the measuring process."""
+    this_file = globals().get("__file__")
+    return race_command is not None or (torch.cuda.is_available() and bool(this_file) and os.path.isfile(this_file))
 
 
 def races_here(row, batch, kv_len, uniform):
