@@ -269,3 +269,28 @@ def test_gfx950_shaped_configs_match_the_current_one(params):
     out = run(data, num_splits=2, **params)
     assert_close_to(out, dequantised(data), DEQ_BOUND, f"gfx950 shape {params}")
     assert R.rel_l2_error(out, current.double()) < SPLIT_AGREEMENT
+
+
+def _aiter_mxfp4_candidates():
+    seen, out = set(), []
+    for row in M.AITER_ROUTE_TABLE:
+        for c in M.race_candidates(row) if row.get("candidates") else ():
+            key = repr(sorted(c["params"].items()))
+            if c["route"] == "triton_mxfp4" and key not in seen:
+                seen.add(key)
+                out.append(c["params"])
+    return out
+
+
+@pytest.mark.parametrize("params", _aiter_mxfp4_candidates(), ids=repr)
+def test_every_aiter_table_mxfp4_candidate_agrees_with_the_h200_shape(params):
+    """What the MI355X race would run (its knobs ignored here): within the bounds, and the same
+    attention as the H200-shaped configuration at the same split count. dot_scaled modes have no
+    interpreter support: compiled only (tests/test_kernel_report.py), run on a GPU."""
+    if INTERPRETED and params.get("qk_dot_scaled", "none") != "none":
+        pytest.skip("tl.dot_scaled has no interpreter implementation in Triton 3.6")
+    data = make_data([1, 131, 200], seed=37)
+    out = run(data, **params)
+    h200 = run(data, num_splits=params["num_splits"], qk_dot_scaled=params.get("qk_dot_scaled", "none"))
+    assert_close_to(out, dequantised(data), DEQ_BOUND, f"candidate {params}")
+    assert R.rel_l2_error(out, h200.double()) < SPLIT_AGREEMENT

@@ -349,3 +349,29 @@ def test_hip_keys_hold_the_2gib_range_of_each_tensor(monkeypatch):
     assert submission._specialisation(t)[-1] is True
     monkeypatch.setattr(submission, "HIP_RANGE32_BYTES", 16)  # as if 32 bytes were past 2 GiB
     assert submission._specialisation(t)[-1] is False
+
+
+def _aiter_triton_candidates(route, **fixed):
+    """The distinct params of `route` among AITER_ROUTE_TABLE's racing candidates (fixed: only those
+    with these values)."""
+    seen, out = set(), []
+    for row in submission.AITER_ROUTE_TABLE:
+        for c in submission.race_candidates(row) if row.get("candidates") else ():
+            key = repr(sorted(c["params"].items()))
+            if c["route"] == route and all(c["params"].get(k) == v for k, v in fixed.items()) and key not in seen:
+                seen.add(key)
+                out.append(c["params"])
+    return out
+
+
+@pytest.mark.parametrize("params", _aiter_triton_candidates("triton_fp8"), ids=repr)
+def test_every_aiter_table_fp8_candidate_agrees_with_the_h200_shape(params):
+    """What the MI355X race would run (its knobs ignored here): the same attention as the H200-shaped
+    configuration at the same split count, within the route's bounds."""
+    data = data_with_lengths([200, 1, 131], seed=41)
+    out = submission.triton_fp8_route(*data, **params)
+    h200 = submission.triton_fp8_route(*data, num_splits=params["num_splits"], block_n=64, num_warps=8,
+                                       num_stages=3)
+    assert rel(out, dequantised_attention_float64(data)) < 0.04
+    assert rel(out, h200) < 5e-3
+    assert rel(out, reference.attention_float64(data)) <= submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]
