@@ -109,6 +109,15 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
                      "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 128, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 8, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
@@ -129,6 +138,15 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
                      "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"},
      "candidates": [
@@ -145,6 +163,15 @@ AITER_ROUTE_TABLE = [
                      "qk_dot_scaled": "e4m3"}},
          {"route": "triton_mxfp4",
           "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 256, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
@@ -164,6 +191,15 @@ AITER_ROUTE_TABLE = [
                      "qk_dot_scaled": "e4m3"}},
          {"route": "triton_mxfp4",
           "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 128, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
@@ -187,6 +223,15 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
                      "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 128, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 32, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 32, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
@@ -207,6 +252,15 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
                      "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 64, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
@@ -226,6 +280,15 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
                      "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 256, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
@@ -244,6 +307,15 @@ AITER_ROUTE_TABLE = [
                      "qk_dot_scaled": "e4m3"}},
          {"route": "triton_mxfp4",
           "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3,
+                     "qk_fp8": True, "q_scale": "program"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
@@ -505,37 +577,48 @@ def _launch_hooks_installed():
 _COMPILED = {}  # launch key -> (Triton's compiled kernel, the constexpr values it is called with)
 
 
+IS_HIP = torch.version.hip is not None
+HIP_RANGE32_BYTES = 2**31 - 1  # HIP: a tensor whose storage fits is compiled with 32-bit buffer offsets
+
+
 def _specialisation(arg):
-    """What Triton specialises a tensor argument on: dtype and 16-byte alignment; for a TMA
-    descriptor (Hopper route) its block, layout and its base's, and row-count alignment."""
+    """What Triton specialises a tensor argument on: dtype and 16-byte alignment, and on HIP
+    whether its storage is within 2 GiB (Triton then emits buffer loads with 32-bit offsets); for
+    a TMA descriptor (Hopper route) its block, layout and its base's, and row-count alignment."""
     base = getattr(arg, "base", None)
     if base is not None:
         return (type(arg), base.dtype, base.data_ptr() % 16 == 0, tuple(arg.block_shape), arg.layout,
                 tuple(arg.strides), arg.shape[0] % 16 == 0)
+    if IS_HIP:
+        return (arg.dtype, arg.data_ptr() % 16 == 0, arg.untyped_storage().nbytes() <= HIP_RANGE32_BYTES)
     return (arg.dtype, arg.data_ptr() % 16 == 0)
 
 
-def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
-    """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the second
-    call with the same key straight through the compiled kernel's own launcher (compiled[grid], h22).
+def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, options=None):
+    """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=, **options), and from
+    the second call with the same key straight through the compiled kernel's own launcher
+    (compiled[grid], h22). options: further compile options of the backend (the AMD knobs of
+    amd_compile_options); the compiled kernel holds them, so the key holds them too.
 
     Why: Triton's dispatcher re-derives every argument's specialisation and the cache key on each
     call; that host time is inside the runner's timing whenever the GPU waits for the launch, and
     in leaderboard mode (a new input per repeat) the cold host path costs far more than the kernel
     on small shapes (NOTES.md, "host" rows of the Hopper route). The key holds everything the JIT
-    specialises on for these arguments: each tensor's dtype and 16-byte alignment, each scalar's
-    value (strides: divisibility and the value 1; sm_scale is a float, not specialised), the grid,
-    the constexprs and the launch options, and the device. Triton's own path is taken for every
-    call under the interpreter, while a launch hook is installed (profilers), and on Triton
-    versions other than the one this call convention was checked on (3.6:
-    CompiledKernel.__getitem__, which launches on the device's current queue exactly as the
-    dispatcher does)."""
+    specialises on for these arguments: each tensor's dtype and 16-byte alignment (and on HIP its
+    2 GiB range), each scalar's value (strides: divisibility and the value 1; sm_scale is a float,
+    not specialised), the grid, the constexprs, the launch and compile options, and the device.
+    Triton's own path is taken for every call under the interpreter, while a launch hook is
+    installed (profilers), and on Triton versions other than the one this call convention was
+    checked on (3.6: CompiledKernel.__getitem__, which launches on the device's current queue
+    exactly as the dispatcher does)."""
     device = tensors[0].device
+    options = options or {}
     key = (kernel, grid, device, tuple(map(_specialisation, tensors)), scalars[1:],
-           tuple(constexprs.items()), num_warps, num_stages)
+           tuple(constexprs.items()), num_warps, num_stages, tuple(sorted(options.items())))
     entry = _COMPILED.get(key)
     if entry is None or _launch_hooks_installed():
-        compiled = kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        compiled = kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages,
+                                **options)
         if DIRECT_LAUNCH and isinstance(compiled, triton.compiler.CompiledKernel):
             # every constexpr in signature order, defaults included, as Triton's own launch passes them
             values = dict(keyword_defaults(kernel), **constexprs)
@@ -1354,13 +1437,59 @@ def _mla_decode_mxfp4_kernel(
 # =============================================================================================
 # Triton routes and compile plans
 # =============================================================================================
+# AMD compile knobs of the two portable routes: options of Triton's HIP backend (HIPOptions),
+# None = not set (the backend's default). aiter's own Triton MLA decode sets waves_per_eu 0,
+# matrix_instr_nonkdim 16, kpack 1 on gfx950.
+#   waves_per_eu: LLVM's "amdgpu-waves-per-eu" = "N, N": registers are allocated for exactly N
+#       waves per SIMD (0: no hint). A workgroup of num_warps waves puts num_warps / 4 on each SIMD,
+#       so N below that cannot be honoured (LLVM then allocates as for num_warps / 4).
+#   matrix_instr_nonkdim: the M = N size of the MFMA tiles, 16 or 32 (0: Triton picks; 16 here).
+#   kpack: gfx942 only (1 or 2); on gfx950 Triton replaces anything but 1 by 1, with a warning.
+# Where they apply: on HIP they reach the compile (and launch()'s key). Under the interpreter
+# nothing is compiled: they are ignored, as num_warps and num_stages are, so the CPU tests run an
+# AMD configuration's arithmetic. On any other device (NVIDIA) a knob that is set is refused with
+# a ValueError naming it: the CUDA backend has no such option, and dropping it silently would make
+# a tuned row mean something other than it says (and race a duplicate of another candidate).
+AMD_KNOB_VALUES = {"waves_per_eu": tuple(range(9)), "matrix_instr_nonkdim": (0, 16, 32), "kpack": (1, 2)}
+AMD_KNOB_TARGETS = ["gfx950", "gfx942"]  # tools/kernel_report.py's names of the HIP targets
+
+
+def amd_knobs(**knobs):
+    """{name: value} of the knobs that are set (not None), each checked against AMD_KNOB_VALUES."""
+    chosen = {}
+    for name, value in knobs.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or value not in AMD_KNOB_VALUES[name]:
+            raise ValueError(f"{name} must be None or one of {AMD_KNOB_VALUES[name]}, not {value!r}")
+        chosen[name] = value
+    return chosen
+
+
+def amd_compile_options(kernel, device, **knobs):
+    """The compile options launch() passes for the knobs that are set: all of them on HIP, none
+    under the interpreter; a ValueError naming the first knob set on any other device."""
+    options = amd_knobs(**knobs)
+    if not options or not isinstance(kernel, triton.runtime.JITFunction):  # the interpreter's kernels are not
+        return {}
+    if not IS_HIP:
+        name = next(iter(options))
+        raise ValueError(f"{name}={options[name]} is a compile option of Triton's AMD (HIP) backend; "
+                         f"this torch runs on {device.type} without HIP: leave {name} unset (None)")
+    return options
+
+
 
 
 def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, block_n=64, num_warps=8,
-                     num_stages=3, qk_fp8=True, q_scale="program"):
+                     num_stages=3, qk_fp8=True, q_scale="program", waves_per_eu=None, matrix_instr_nonkdim=None,
+                     kpack=None):
     """Split-KV decode over kv_data["fp8"] in one launch (see _mla_decode_fp8_kernel).
     q_scale: "program" (amax of each batch row's q, in the kernel) or "tensor" (max|q| over all
-    of q, one extra reduction launch; the kernel then needs fewer registers)."""
+    of q, one extra reduction launch; the kernel then needs fewer registers).
+    waves_per_eu, matrix_instr_nonkdim, kpack: AMD compile knobs (amd_compile_options)."""
+    options = amd_compile_options(_mla_decode_fp8_kernel, q.device, waves_per_eu=waves_per_eu,
+                                  matrix_instr_nonkdim=matrix_instr_nonkdim, kpack=kpack)
     kv_fp8, kv_scale = kv_data["fp8"]
     batch = kv_indptr.shape[0] - 1
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
@@ -1373,7 +1502,7 @@ def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, blo
             out.stride(1)),
            {"FP8_MAX": FP8_MAX[kv_fp8.dtype], "NUM_SPLITS": num_splits, "BLOCK_N": block_n,
             "QK_FP8": qk_fp8, "Q_SCALE_PER_TENSOR": per_tensor},
-           num_warps, num_stages)
+           num_warps, num_stages, options)
     return out
 
 
@@ -1388,7 +1517,8 @@ def _qk_mode(qk_dot_scaled):
 
 
 def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, block_n=64, num_warps=8,
-                       num_stages=2, qk_dot_scaled="none"):
+                       num_stages=2, qk_dot_scaled="none", waves_per_eu=None, matrix_instr_nonkdim=None,
+                       kpack=None):
     """MLA decode reading kv_data["mxfp4"] only (306 bytes per KV token). Output (total_q, 16, 512) bf16,
     a fresh tensor. Decode: one query token per batch row (qo_indptr[b] is the row used).
 
@@ -1396,7 +1526,10 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
     "bf16" or "e4m3" (strategy b: S from tl.dot_scaled with a bf16 / in-kernel MXFP8 Q; GPU
     only, the Triton 3.6 interpreter has no dot_scaled). num_splits: KV splits per row, any >= 1,
     combined in-kernel by the last split of each row. block_n: tokens per tile (power of 2, >= 16).
-    num_stages 2: with 3 the kernel spills on gfx950 (tools/kernel_report.py)."""
+    num_stages 2: with 3 the kernel spills on gfx950 (tools/kernel_report.py).
+    waves_per_eu, matrix_instr_nonkdim, kpack: AMD compile knobs (amd_compile_options)."""
+    options = amd_compile_options(_mla_decode_mxfp4_kernel, q.device, waves_per_eu=waves_per_eu,
+                                  matrix_instr_nonkdim=matrix_instr_nonkdim, kpack=kpack)
     kv_fp4, kv_scales = kv_data["mxfp4"]
     packed = kv_fp4.view(torch.uint8)
     packed = packed.reshape(packed.shape[0], MXFP4_ROW_BYTES)
@@ -1409,11 +1542,22 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
            (SM_SCALE * LOG2E, q.stride(0), q.stride(1), packed.stride(0), scales.stride(0),
             out.stride(0), out.stride(1)),
            {"NUM_SPLITS": num_splits, "BLOCK_N": block_n, "QK_DOT_SCALED": _qk_mode(qk_dot_scaled)},
-           num_warps, num_stages)
+           num_warps, num_stages, options)
     return out
 
 
 # Compile plans: what tools/kernel_report.py compiles ahead of time for a route-table row.
+# "range32_args": the pointer arguments Triton's HIP JIT marks as within 2 GiB (every tensor at
+# the leaderboard's sizes: the largest, the bs 256 / kv 8192 fp8 cache, is 1.2 GB), which it then
+# compiles with 32-bit buffer loads; the tool adds that mark on HIP targets. "options": the AMD
+# knobs that are set; an entry with any is compiled for the HIP targets only (refused elsewhere).
+
+
+def _amd_plan_fields(p):
+    options = amd_knobs(waves_per_eu=p["waves_per_eu"], matrix_instr_nonkdim=p["matrix_instr_nonkdim"],
+                        kpack=p["kpack"])
+    return {"options": options, **({"targets": list(AMD_KNOB_TARGETS)} if options else {})}
+
 _FP8_KERNEL_SIGNATURE = {
     "Q": "*bf16", "Q_AMAX": "*fp32", "KV": "*{fp8}", "KV_SCALE": "*fp32", "QO_INDPTR": "*i32",
     "KV_INDPTR": "*i32", "OUT": "*bf16", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32",
@@ -1433,7 +1577,8 @@ def triton_fp8_compile_plan(params, fp8_dtype):
                        **keyword_defaults(_mla_decode_fp8_kernel)},
         # torch's pointers and the strides 576 / 512 / 16 are multiples of 16, as the JIT sees them
         "aligned_args": [name for name in _FP8_KERNEL_SIGNATURE if name != "sm_scale_log2"],
-        "num_warps": p["num_warps"], "num_stages": p["num_stages"],
+        "range32_args": [name for name, kind in _FP8_KERNEL_SIGNATURE.items() if kind.startswith("*")],
+        "num_warps": p["num_warps"], "num_stages": p["num_stages"], **_amd_plan_fields(p),
     }]
 
 
@@ -1454,15 +1599,17 @@ def triton_mxfp4_compile_plan(params, fp8_dtype):
         # the scale row stride is 24, not a multiple of 16 as the JIT sees the others
         "aligned_args": [name for name in _MXFP4_KERNEL_SIGNATURE
                          if name not in ("sm_scale_log2", "stride_scale_token")],
-        "num_warps": p["num_warps"], "num_stages": p["num_stages"],
+        "range32_args": [name for name, kind in _MXFP4_KERNEL_SIGNATURE.items() if kind.startswith("*")],
+        "num_warps": p["num_warps"], "num_stages": p["num_stages"], **_amd_plan_fields(p),
     }]
 
 
 def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
-    """[{kernel, signature, constexprs, aligned_args, num_warps, num_stages[, targets]}] for one
-    route-table row, exactly what its route launches; "targets" (tools/kernel_report.py names)
-    limits an entry to the machines its route runs on. fp8_dtype: Triton's name of the KV dtype,
-    fp8e4nv (float8_e4m3fn: MI355X, NVIDIA) or fp8e4b8 (float8_e4m3fnuz: MI300)."""
+    """[{kernel, signature, constexprs, aligned_args, num_warps, num_stages[, range32_args][, options]
+    [, targets]}] for one route-table row, exactly what its route launches; "targets"
+    (tools/kernel_report.py names) limits an entry to the machines its route runs on.
+    fp8_dtype: Triton's name of the KV dtype, fp8e4nv (float8_e4m3fn: MI355X, NVIDIA) or fp8e4b8
+    (float8_e4m3fnuz: MI300)."""
     plan = TRITON_COMPILE_PLANS.get(route)  # each plan returns its list of entries
     return [] if plan is None else plan(params, fp8_dtype)
 

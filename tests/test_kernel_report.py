@@ -186,6 +186,30 @@ def test_no_unguarded_inline_asm(report):
                      + "\n".join(f"{f['function']} line {f['line']} (kernel {f['kernel']})" for f in bad))
 
 
+@pytest.mark.parametrize("target", BAR_TARGETS)
+def test_kv_loads_in_the_hot_loop_are_128_bits_wide(report, target):
+    """Each lane reads the KV tile 16 bytes at a time (dwordx4 / v4.b32 / 16-byte cp.async or TMA)."""
+    bad = [kr.describe_record(r) for r in compiled(report, target)
+           if r["kv_format"] in ("fp8", "mxfp4") and (r["loads"]["loop_widest_bits"] or 0) < 128
+           and not any(k.startswith("cp.async.bulk") for k in r["loads"]["loop"])]
+    assert not bad, f"{target}: hot loop without a 128-bit load:\n" + "\n".join(bad)
+
+
+def test_gfx950_compiles_as_the_hip_jit_does_with_buffer_loads(report):
+    """At the leaderboard's sizes every tensor is within 2 GiB: the HIP JIT marks it, and the KV
+    tile is read with buffer loads; a report without the mark would show other registers."""
+    for r in compiled(report, "gfx950"):
+        assert any(k.startswith("buffer_load_dwordx4") for k in r["loads"]["loop"]), kr.describe_record(r)
+
+
+def test_knob_options_reach_the_compile_and_the_columns(report):
+    for r in compiled(report, "gfx950"):
+        for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
+            if any(name in row["params"] for row in r["rows"]):
+                assert r["options"][name] == r["rows"][0]["params"][name], kr.describe_record(r)
+                assert f"{name}=" in kr._compiled_as(r)
+
+
 # ---------------------------------------------------------------------------------------------
 # gfx942 (MI300X): report only
 
@@ -210,6 +234,11 @@ def test_markdown_and_text_tables(report):
     assert report["triton_version"] in md and report["date"] in md
     body = [line for line in md.splitlines() if line.startswith("| ") and "gfx950" in line]
     assert len(body) == len(records(report, "gfx950"))
+    header = next(line for line in md.splitlines() if line.startswith("| kernel"))
+    for column in ("registers", "LDS / smem", "occupancy", "MMA in hot loop", "global loads in hot loop"):
+        assert column in header
+    for line in body:  # VGPR and AGPR, waves per SIMD, load widths in every row
+        assert " a" in line and "waves/SIMD" in line and "bit)" in line, line
     text = kr.format_text(report)
     for target in REPORT_TARGETS:
         assert f"[{target}]" in text
@@ -240,6 +269,57 @@ def test_amd_mma_kinds():
     assert not kr.is_fp8_mma("v_mfma_f32_16x16x32_f16 f16.f16")
     assert not kr.is_fp8_mma("v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4")
     assert kr.is_scaled_mma("v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4")
+
+
+def test_load_kinds_and_widths():
+    assert kr.amd_load_in_line("\tbuffer_load_dwordx4 v[0:3], v4, s[8:11], 0 offen") == "buffer_load_dwordx4"
+    assert kr.amd_load_in_line("\tglobal_load_dwordx2 v[0:1], v[2:3], off") == "global_load_dwordx2"
+    assert kr.amd_load_in_line("\tglobal_load_ubyte v0, v[2:3], off") == "global_load_ubyte"
+    assert kr.amd_load_in_line("\tglobal_load_lds_dwordx4 v[2:3], off") == "global_load_lds_dwordx4"
+    assert kr.amd_load_in_line("\tglobal_store_dwordx4 v[0:1], v[2:5], off") is None
+    assert kr.amd_load_in_line("\tds_read_b128 v[0:3], v4") is None
+    assert kr.amd_load_in_line("; global_load_dword in a comment") is None
+    assert kr.ptx_load_in_line("\tld.global.nc.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];") == "ld.global.v4.b32"
+    assert kr.ptx_load_in_line("\t@%p1 ld.global.b16 { %rs1 }, [ %rd2 + 0 ];") == "ld.global.b16"
+    assert kr.ptx_load_in_line("\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x10, %r2;") == "cp.async 16B"
+    assert kr.ptx_load_in_line("\t@%p3 cp.async.ca.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x4, %r2;") == "cp.async 4B"
+    assert kr.ptx_load_in_line("\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 16, %r2;") == "cp.async 16B"
+    assert kr.ptx_load_in_line("\tcp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                               "[%r1], [%rd1, {%r2, %r3}], [%r4];") == "cp.async.bulk.tensor"
+    assert kr.ptx_load_in_line("\tst.global.v4.b32 [ %rd1 + 0 ], { %r1, %r2, %r3, %r4 };") is None
+    widths = {"buffer_load_dwordx4": 128, "global_load_dwordx2": 64, "buffer_load_dword": 32,
+              "buffer_load_ushort": 16, "global_load_ubyte": 8, "global_load_lds_dwordx4": 128,
+              "ld.global.v4.b32": 128, "ld.global.v2.b32": 64, "ld.global.b16": 16, "cp.async 16B": 128,
+              "cp.async.bulk.tensor": None}
+    for name, bits in widths.items():
+        assert kr.load_bits(name) == bits, name
+    asm = textwrap.dedent("""\
+        \tglobal_load_dwordx4 v[0:3], v[4:5], off
+        .LBB0_2:                                ; =>This Inner Loop Header: Depth=1
+        \tbuffer_load_dwordx4 v[0:3], v4, s[8:11], 0 offen
+        \tbuffer_load_ubyte v5, v4, s[8:11], 0 offen
+        \tv_mfma_f32_16x16x32_f16 v[0:3], v[4:7], v[8:11], v[0:3]
+        \ts_cbranch_scc1 .LBB0_2
+        ; %bb.3:
+        \tglobal_load_dword v1, v[4:5], off
+        """)
+    header = kr.matrix_instructions(asm, kr.amd_mma_in_line)["loop_header"]
+    loads = kr.global_loads(asm, kr.amd_load_in_line, header)
+    assert loads["loop"] == {"buffer_load_dwordx4": 1, "buffer_load_ubyte": 1}
+    assert loads["loop_widest_bits"] == 128 and loads["total_widest_bits"] == 128
+    assert loads["total"]["global_load_dword"] == 1
+
+
+def test_plan_entries_get_the_hip_2gib_mark_on_amd_targets_only():
+    (entry,) = submission.triton_compile_plan("triton_fp8", {"num_splits": 2})
+    entry["kernel"] = kr.load_module(REPO_ROOT / "submission.py")._mla_decode_fp8_kernel  # a compilable kernel
+    kv = (entry["kernel"].arg_names.index("KV"),)
+    _, _, _, amd_attrs, _ = kr.complete_plan_entry(entry, kr.TARGETS["gfx950"])
+    _, _, _, nv_attrs, _ = kr.complete_plan_entry(entry, kr.TARGETS["sm90"])
+    assert amd_attrs[kv] == [["tt.divisibility", 16], ["tt.pointer_range", 32]]
+    assert nv_attrs[kv] == [["tt.divisibility", 16]]
+    stride = (entry["kernel"].arg_names.index("stride_kv_token"),)
+    assert amd_attrs[stride] == [["tt.divisibility", 16]]  # integers are not pointers
 
 
 def test_ptx_mma_kinds():

@@ -245,7 +245,9 @@ def test_compile_plan_format():
     assert M.triton_compile_plan("no_such_route", {}) == []
     (entry,) = plan
     kernel = entry["kernel"]
-    assert set(entry) == {"kernel", "signature", "constexprs", "aligned_args", "num_warps", "num_stages"}
+    assert set(entry) == {"kernel", "signature", "constexprs", "aligned_args", "range32_args", "num_warps",
+                          "num_stages", "options"}
+    assert entry["options"] == {}  # no AMD knob set: compiled for every target
     assert set(entry["signature"]) | set(entry["constexprs"]) == set(kernel.arg_names)
     assert entry["signature"]["KV"] == "*u8" and entry["signature"]["KV_SCALES"] == "*u8"
     assert entry["constexprs"]["NUM_SPLITS"] == 4 and entry["constexprs"]["BLOCK_N"] == 32
@@ -253,3 +255,42 @@ def test_compile_plan_format():
     assert set(entry["aligned_args"]) <= set(entry["signature"])
     assert "stride_scale_token" not in entry["aligned_args"]  # 24 is not a multiple of 16
     assert (entry["num_warps"], entry["num_stages"]) == (8, 2)
+
+
+@pytest.mark.parametrize("params", [
+    dict(block_n=32, num_warps=4, num_stages=1, waves_per_eu=2),
+    dict(block_n=128, num_warps=8, num_stages=3, matrix_instr_nonkdim=32),
+])
+def test_gfx950_shaped_configs_match_the_current_one(params):
+    """The tiles and knobs of the gfx950 sweep (tools/gfx950_sweep.py): the same attention as the
+    current configuration (the knobs are compile options; the interpreter ignores them)."""
+    data = make_data([1, 37, 150], seed=29)
+    current = run(data, num_splits=2)
+    out = run(data, num_splits=2, **params)
+    assert_close_to(out, dequantised(data), DEQ_BOUND, f"gfx950 shape {params}")
+    assert R.rel_l2_error(out, current.double()) < SPLIT_AGREEMENT
+
+
+def _aiter_mxfp4_candidates():
+    seen, out = set(), []
+    for row in M.AITER_ROUTE_TABLE:
+        for c in M.race_candidates(row) if row.get("candidates") else ():
+            key = repr(sorted(c["params"].items()))
+            if c["route"] == "triton_mxfp4" and key not in seen:
+                seen.add(key)
+                out.append(c["params"])
+    return out
+
+
+@pytest.mark.parametrize("params", _aiter_mxfp4_candidates(), ids=repr)
+def test_every_aiter_table_mxfp4_candidate_agrees_with_the_h200_shape(params):
+    """What the MI355X race would run (its knobs ignored here): within the bounds, and the same
+    attention as the H200-shaped configuration at the same split count. dot_scaled modes have no
+    interpreter support: compiled only (tests/test_kernel_report.py), run on a GPU."""
+    if INTERPRETED and params.get("qk_dot_scaled", "none") != "none":
+        pytest.skip("tl.dot_scaled has no interpreter implementation in Triton 3.6")
+    data = make_data([1, 131, 200], seed=37)
+    out = run(data, **params)
+    h200 = run(data, num_splits=params["num_splits"], qk_dot_scaled=params.get("qk_dot_scaled", "none"))
+    assert_close_to(out, dequantised(data), DEQ_BOUND, f"candidate {params}")
+    assert R.rel_l2_error(out, h200.double()) < SPLIT_AGREEMENT

@@ -210,3 +210,168 @@ def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
     monkeypatch.setattr(submission, "_launch_hooks_installed", lambda: True)
     call((a, b))
     assert kernel.dispatched == 5 and len(compiled.launches) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# AMD compile knobs (waves_per_eu, matrix_instr_nonkdim, kpack): compiled on HIP only; the
+# interpreter ignores them (it compiles nothing); any other device refuses a knob that is set.
+
+GFX950_SHAPES = [
+    # (params): the tiles and knobs of the gfx950 sweep (tools/gfx950_sweep.py), against the H200 shape
+    {"block_n": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
+    {"block_n": 128, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 32},
+    {"block_n": 64, "num_warps": 4, "num_stages": 3, "waves_per_eu": 1, "kpack": 1},
+]
+
+
+@pytest.mark.parametrize("params", GFX950_SHAPES)
+def test_gfx950_shaped_configs_match_the_current_one_and_the_truth(params):
+    data = data_with_lengths([150, 1, 97], seed=31)
+    current = submission.triton_fp8_route(*data, num_splits=4, block_n=64, num_warps=8, num_stages=3)
+    out = submission.triton_fp8_route(*data, num_splits=4, **params)
+    exact = dequantised_attention_float64(data)
+    assert rel(out, exact) < 0.04
+    assert rel(out, current) < 5e-3  # tile size changes only the summation order
+    truth = reference.attention_float64(data)
+    assert rel(out, truth) <= submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]
+
+
+def test_knobs_alone_change_nothing_under_the_interpreter():
+    data = data_with_lengths([70, 33], seed=32)
+    plain = submission.triton_fp8_route(*data, num_splits=2, block_n=32)
+    knobs = submission.triton_fp8_route(*data, num_splits=2, block_n=32, waves_per_eu=2, matrix_instr_nonkdim=32,
+                                        kpack=2)
+    assert torch.equal(plain, knobs)
+
+
+@pytest.mark.parametrize("name,value", [("waves_per_eu", -1), ("waves_per_eu", 9), ("waves_per_eu", True),
+                                        ("matrix_instr_nonkdim", 8), ("kpack", 4), ("kpack", "1")])
+def test_bad_knob_values_are_refused_everywhere(name, value):
+    data = data_with_lengths([16], seed=1)
+    with pytest.raises(ValueError, match=name):
+        submission.triton_fp8_route(*data, **{name: value})
+    with pytest.raises(ValueError, match=name):
+        submission.triton_mxfp4_route(*data, **{name: value})
+    with pytest.raises(ValueError, match=name):
+        submission.triton_compile_plan("triton_fp8", {name: value})
+
+
+class _CompiledKernelStandIn(submission.triton.runtime.JITFunction):
+    """An instance that passes for a compiled (not interpreted) kernel; never launched."""
+    def __init__(self):
+        pass
+
+
+def test_knobs_reach_hip_and_are_refused_on_other_gpus(monkeypatch):
+    kernel, gpu = _CompiledKernelStandIn(), torch.device("cuda", 0)
+    monkeypatch.setattr(submission, "IS_HIP", True)
+    assert submission.amd_compile_options(kernel, gpu, waves_per_eu=2, matrix_instr_nonkdim=16, kpack=None) == {
+        "waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+    assert submission.amd_compile_options(kernel, gpu, waves_per_eu=None, matrix_instr_nonkdim=None, kpack=None) == {}
+    monkeypatch.setattr(submission, "IS_HIP", False)  # NVIDIA: nothing set is fine, a knob set is refused
+    assert submission.amd_compile_options(kernel, gpu, waves_per_eu=None, matrix_instr_nonkdim=None, kpack=None) == {}
+    with pytest.raises(ValueError, match="matrix_instr_nonkdim=32 is a compile option of Triton's AMD"):
+        submission.amd_compile_options(kernel, gpu, waves_per_eu=None, matrix_instr_nonkdim=32, kpack=None)
+    # the interpreter's kernels: ignored whatever the machine
+    assert submission.amd_compile_options(submission._mla_decode_fp8_kernel, gpu, waves_per_eu=2,
+                                          matrix_instr_nonkdim=None, kpack=None) == {}
+
+
+@pytest.mark.parametrize("route", ["triton_fp8", "triton_mxfp4"])
+def test_routes_pass_the_knobs_to_launch_on_hip(monkeypatch, route):
+    launches = []
+    monkeypatch.setattr(submission, "IS_HIP", True)
+    monkeypatch.setattr(submission.triton.runtime, "JITFunction", object)  # every kernel counts as compiled
+    monkeypatch.setattr(submission, "launch", lambda *args: launches.append(args))
+    data = data_with_lengths([16], seed=2)
+    getattr(submission, f"{route}_route")(*data, waves_per_eu=2, matrix_instr_nonkdim=16)
+    getattr(submission, f"{route}_route")(*data)
+    assert launches[0][-1] == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+    assert launches[1][-1] == {}
+
+
+def test_compile_plans_carry_the_knobs_for_hip_targets_only():
+    for route in ("triton_fp8", "triton_mxfp4"):
+        (plain,) = submission.triton_compile_plan(route, {"num_splits": 2})
+        assert plain["options"] == {} and "targets" not in plain
+        (entry,) = submission.triton_compile_plan(route, {"num_splits": 2, "waves_per_eu": 1,
+                                                          "matrix_instr_nonkdim": 32, "block_n": 32})
+        assert entry["options"] == {"waves_per_eu": 1, "matrix_instr_nonkdim": 32}
+        assert entry["targets"] == ["gfx950", "gfx942"]
+        assert entry["constexprs"]["BLOCK_N"] == 32
+        pointers = [name for name, kind in entry["signature"].items() if kind.startswith("*")]
+        assert entry["range32_args"] == pointers and "KV" in pointers
+
+
+class _RecordingKernel(_FakeKernel):
+    """A _FakeKernel that also records the compile options each Triton dispatch gets."""
+    def __init__(self, compiled):
+        super().__init__(compiled)
+        self.options = []
+
+    def __getitem__(self, grid):
+        dispatch = super().__getitem__(grid)
+
+        def call(*args, **kwargs):
+            self.options.append({k: v for k, v in kwargs.items() if k not in ("N", "num_warps", "num_stages")})
+            return dispatch(*args, **kwargs)
+        return call
+
+
+def test_launch_keys_and_passes_the_compile_options(monkeypatch):
+    compiled = _FakeCompiled()
+    kernel = _RecordingKernel(compiled)
+    monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(submission, "keyword_defaults", lambda k: {"M": 7})
+    monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
+    monkeypatch.setattr(submission, "_COMPILED", {})
+    a = torch.zeros(16)
+
+    def call(options):
+        submission.launch(kernel, (1, 1), (a, a), (0.5, 16), {"N": 3}, 4, 2, options)
+
+    call({"waves_per_eu": 2})
+    call({"waves_per_eu": 2})  # the same key: the compiled kernel's own launcher (it holds the options)
+    assert kernel.dispatched == 1 and len(compiled.launches) == 1
+    call({"waves_per_eu": 1})  # another compile option: Triton compiles anew
+    call(None)
+    assert kernel.dispatched == 3 and len(compiled.launches) == 1
+    assert kernel.options == [{"waves_per_eu": 2}, {"waves_per_eu": 1}, {}]
+
+
+def test_hip_keys_hold_the_2gib_range_of_each_tensor(monkeypatch):
+    """Triton's HIP JIT compiles a tensor within 2 GiB with 32-bit buffer offsets: a key must tell
+    it from a larger one, or a kernel compiled for the first would be launched on the second."""
+    t = torch.zeros(8)
+    monkeypatch.setattr(submission, "IS_HIP", False)
+    assert submission._specialisation(t) == (torch.float32, t.data_ptr() % 16 == 0)
+    monkeypatch.setattr(submission, "IS_HIP", True)
+    assert submission._specialisation(t)[-1] is True
+    monkeypatch.setattr(submission, "HIP_RANGE32_BYTES", 16)  # as if 32 bytes were past 2 GiB
+    assert submission._specialisation(t)[-1] is False
+
+
+def _aiter_triton_candidates(route, **fixed):
+    """The distinct params of `route` among AITER_ROUTE_TABLE's racing candidates (fixed: only those
+    with these values)."""
+    seen, out = set(), []
+    for row in submission.AITER_ROUTE_TABLE:
+        for c in submission.race_candidates(row) if row.get("candidates") else ():
+            key = repr(sorted(c["params"].items()))
+            if c["route"] == route and all(c["params"].get(k) == v for k, v in fixed.items()) and key not in seen:
+                seen.add(key)
+                out.append(c["params"])
+    return out
+
+
+@pytest.mark.parametrize("params", _aiter_triton_candidates("triton_fp8"), ids=repr)
+def test_every_aiter_table_fp8_candidate_agrees_with_the_h200_shape(params):
+    """What the MI355X race would run (its knobs ignored here): the same attention as the H200-shaped
+    configuration at the same split count, within the route's bounds."""
+    data = data_with_lengths([200, 1, 131], seed=41)
+    out = submission.triton_fp8_route(*data, **params)
+    h200 = submission.triton_fp8_route(*data, num_splits=params["num_splits"], block_n=64, num_warps=8,
+                                       num_stages=3)
+    assert rel(out, dequantised_attention_float64(data)) < 0.04
+    assert rel(out, h200) < 5e-3
+    assert rel(out, reference.attention_float64(data)) <= submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]

@@ -18,8 +18,10 @@ What is compiled (read from the module, never pasted here)
     de-duplicated on (route, params). For each row and target the tool calls
     ``triton_compile_plan(route, params, fp8_dtype)`` (fp8_dtype "fp8e4nv" for gfx950 and sm90,
     "fp8e4b8" for gfx942), which returns ``[{kernel, signature, constexprs, aligned_args,
-    num_warps, num_stages[, options][, targets]}]``. Constexpr parameters the plan leaves out take
-    the kernel's defaults (as the runtime JIT does); ``aligned_args`` get ``tt.divisibility=16``;
+    num_warps, num_stages[, range32_args][, options][, targets]}]``. Constexpr parameters the plan
+    leaves out take the kernel's defaults (as the runtime JIT does); ``aligned_args`` get
+    ``tt.divisibility=16``; on AMD targets ``range32_args`` get ``tt.pointer_range=32`` (below);
+    ``options`` are further compile options (the AMD knobs waves_per_eu, matrix_instr_nonkdim, kpack);
     an entry with ``targets`` (e.g. ["sm90"] for a Gluon Hopper kernel) is compiled for those only.
     Gluon kernels compile through Gluon's own AST source.
     Plan entries that compile to the same thing are compiled once and list every row selecting them.
@@ -49,6 +51,11 @@ What is reported, per kernel x configuration x target
     the assembly ("Loop Header: Depth=N" / "in Loop: Header=BBx_y"), holding the most matrix
     instructions (instructions of an inner loop count for the inner loop). Both the hot loop's
     and the whole kernel's counts are reported (pipelining puts some of them outside the loop).
+    Global loads: the load instructions of that same hot loop, per kind, with the widest per-lane
+    width: ``global_load_*`` / ``buffer_load_*`` (AMD: ubyte 8, ushort 16, dword 32 ... dwordx4 128
+    bits) and ``ld.global[.vN].bM``, ``cp.async N B``, TMA copies (PTX). On AMD the plans'
+    ``range32_args`` are compiled as Triton's HIP JIT sees a tensor within 2 GiB
+    (``tt.pointer_range=32``), which turns global loads into buffer loads and changes the registers.
     ``uses_dot_scaled``: the config's TTIR holds ``tt.dot_scaled`` (a constexpr branch may remove
     a ``tl.dot_scaled`` call that the source has; ``source_mentions_dot_scaled`` tells that).
 
@@ -105,6 +112,7 @@ import argparse
 import ast
 import copy
 import datetime
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -378,6 +386,74 @@ def matrix_instructions(text, parse_line):
     }
 
 
+_AMD_LOAD = re.compile(r"^\s+((?:global|buffer)_load_(?:lds_)?(\w+?))(?:\s|$)")
+_AMD_LOAD_BITS = {"ubyte": 8, "sbyte": 8, "ubyte_d16": 8, "sbyte_d16": 8, "ubyte_d16_hi": 8, "sbyte_d16_hi": 8,
+                  "ushort": 16, "sshort": 16, "short_d16": 16, "short_d16_hi": 16,
+                  "dword": 32, "dwordx2": 64, "dwordx3": 96, "dwordx4": 128}
+_PTX_LOAD = re.compile(r"^\s*(?:@!?%\w+\s+)?(ld\.global[\w.]*|cp\.async\.bulk\.tensor[\w.:]*|cp\.async\.c[ag]"
+                       r"[\w.]*)\s+([^;]*)")
+
+
+def amd_load_in_line(line):
+    """'\tbuffer_load_dwordx4 v[0:3], ...' -> 'buffer_load_dwordx4' (global and buffer loads, those
+    straight to LDS too); None for anything else."""
+    m = _AMD_LOAD.match(line)
+    return m.group(1) if m else None
+
+
+def ptx_load_in_line(line):
+    """'ld.global.nc.v4.b32 {..}, [..];' -> 'ld.global.v4.b32'; cp.async of N bytes -> 'cp.async NB';
+    a TMA copy -> 'cp.async.bulk.tensor'; None for anything else."""
+    m = _PTX_LOAD.match(line)
+    if not m:
+        return None
+    op = m.group(1)
+    if op.startswith("cp.async.bulk.tensor"):
+        return "cp.async.bulk.tensor"
+    if op.startswith("cp.async"):
+        size = re.search(r",\s*(0x[0-9a-fA-F]+|\d+)\s*(?:,|$)", m.group(2))
+        return f"cp.async {int(size.group(1), 0) if size else '?'}B"
+    parts = [t for t in op.split(".") if t in ("ld", "global") or re.fullmatch(r"v\d|[bfsu]\d+", t)]
+    return ".".join(parts)
+
+
+def load_bits(name):
+    """The width of one lane's load in bits ('buffer_load_dwordx4' -> 128, 'ld.global.v2.b32' -> 64,
+    'cp.async 16B' -> 128), None when unknown (a TMA copy has no per-lane width)."""
+    m = re.match(r"(?:global|buffer)_load_(?:lds_)?(\w+)$", name)
+    if m:
+        return _AMD_LOAD_BITS.get(m.group(1))
+    m = re.match(r"cp\.async (\d+)B$", name)
+    if m:
+        return 8 * int(m.group(1))
+    m = re.match(r"ld\.global(?:\.v(\d))?\.[bfsu](\d+)$", name)
+    if m:
+        return int(m.group(1) or 1) * int(m.group(2))
+    return None
+
+
+def loop_instructions(text, parse_line, header):
+    """Counts of the kinds parse_line finds inside the loop `header` (None: the whole text)."""
+    lines = text.splitlines()
+    counts = Counter()
+    for line, where in zip(lines, loop_headers(lines), strict=True):
+        kind = parse_line(line)
+        if kind is not None and (header is None or where == header):
+            counts[kind] += 1
+    return dict(sorted(counts.items()))
+
+
+def global_loads(text, parse_line, header):
+    """Loads from global memory in the hot loop and in the whole kernel, with the widest
+    per-lane width (bits) of each."""
+    loop = loop_instructions(text, parse_line, header) if header else {}
+    total = loop_instructions(text, parse_line, None)
+
+    def widest(counts):
+        return max((load_bits(k) or 0 for k in counts), default=0) or None
+    return {"loop": loop, "total": total, "loop_widest_bits": widest(loop), "total_widest_bits": widest(total)}
+
+
 def mma_operand_types(kind):
     """'v_mfma_f32_16x16x32_fp8_fp8 fp8.fp8' / 'wgmma m64n8k32 e4m3.e4m3' -> ('fp8', 'fp8')."""
     a, _, b = kind.rsplit(" ", 1)[-1].partition(".")
@@ -622,8 +698,19 @@ def discover_rows(module, tables_module=None):
     return [dict(row, targets=sorted(row["targets"])) for row in rows.values()]
 
 
-def complete_plan_entry(entry):
-    """A plan entry -> (kernel, signature, constexprs, attrs, options) ready for ASTSource."""
+def amd_buffer_ops_enabled():
+    """Whether Triton's HIP JIT marks tensors within 2 GiB (AMDGCN_USE_BUFFER_OPS, on by default)."""
+    import triton
+
+    return bool(triton.knobs.amd.use_buffer_ops)
+
+
+def complete_plan_entry(entry, spec=None):
+    """A plan entry -> (kernel, signature, constexprs, attrs, options) ready for ASTSource.
+
+    On an AMD target (spec) the entry's ``range32_args`` get ``tt.pointer_range=32`` as well, as
+    Triton's HIP JIT gives every tensor argument within 2 GiB (its "S" specialisation; the code then
+    uses buffer loads with 32-bit offsets), unless AMDGCN_USE_BUFFER_OPS turns that off."""
     kernel = entry["kernel"]
     if not (_is_jit_function(kernel) and hasattr(kernel, "params")):
         raise TypeError(f"{kernel!r} is not a triton JITFunction (was the module imported with "
@@ -646,6 +733,9 @@ def complete_plan_entry(entry):
         else:
             raise ValueError(f"plan gives no type for argument {p.name}")
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in entry.get("aligned_args") or []}
+    if spec is not None and spec.is_amd and amd_buffer_ops_enabled():
+        for a in entry.get("range32_args") or []:
+            attrs.setdefault((kernel.arg_names.index(a),), []).append(["tt.pointer_range", 32])
     options = {"num_warps": entry.get("num_warps", 4), "num_stages": entry.get("num_stages", 3)}
     options.update(entry.get("options") or {})
     return kernel, signature, constexprs, attrs, options
@@ -662,7 +752,9 @@ def _jsonable(value):
     return json.loads(json.dumps(value, default=str))
 
 
-def compile_and_analyse(kernel, signature, constexprs, attrs, options, spec):
+def compile_unit(kernel, signature, constexprs, attrs, options, spec):
+    """triton.compile of one completed plan entry for one target (Gluon kernels through Gluon's
+    own AST source): the compiled kernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -670,9 +762,12 @@ def compile_and_analyse(kernel, signature, constexprs, attrs, options, spec):
     if getattr(kernel, "is_gluon", lambda: False)():
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: F811
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget(spec.backend, spec.arch, spec.warp_size), options=dict(options))
+
+
+def compile_and_analyse(kernel, signature, constexprs, attrs, options, spec):
     t0 = time.time()
-    compiled = triton.compile(src, target=GPUTarget(spec.backend, spec.arch, spec.warp_size),
-                              options=dict(options))
+    compiled = compile_unit(kernel, signature, constexprs, attrs, options, spec)
     result = {"compile_s": round(time.time() - t0, 2),
               # whether THIS config's code uses tl.dot_scaled (a constexpr branch may remove it)
               "uses_dot_scaled": "tt.dot_scaled" in compiled.asm.get("ttir", "")}
@@ -693,6 +788,7 @@ def compile_and_analyse(kernel, signature, constexprs, attrs, options, spec):
         occ["compiler"] = facts["occupancy"]
         result["occupancy"] = occ
         result["mma"] = matrix_instructions(asm, amd_mma_in_line)
+        result["loads"] = global_loads(asm, amd_load_in_line, result["mma"]["loop_header"])
         result["asm_kind"] = "amdgcn"
     else:
         asm = compiled.asm["ptx"]
@@ -705,7 +801,9 @@ def compile_and_analyse(kernel, signature, constexprs, attrs, options, spec):
         occ["compiler"] = None
         result["occupancy"] = occ
         result["mma"] = matrix_instructions(asm, ptx_mma_in_line)
+        result["loads"] = global_loads(asm, ptx_load_in_line, result["mma"]["loop_header"])
         result["asm_kind"] = "ptx"
+    result["asm_sha1"] = hashlib.sha1(asm.encode()).hexdigest()[:12]  # equal code, equal hash
     values = list(result["spills"].values())
     result["spill_free"] = all(v == 0 for v in values)
     result["spill_parsed"] = all(v is not None for v in values)
@@ -784,7 +882,7 @@ def worker(target, module_path, dump_dir=None, tables_path=None):
                 other_targets.append(entry["kernel"])
                 continue
             try:
-                kernel, signature, constexprs, attrs, options = complete_plan_entry(entry)
+                kernel, signature, constexprs, attrs, options = complete_plan_entry(entry, spec)
             except Exception as exc:
                 out["errors"].append(f"{config_label(row['route'], row['params'])}: {_short_error(exc)}")
                 continue
@@ -939,6 +1037,7 @@ def _compiled_as(rec):
     bits = [f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in rec["constexprs"].items()
             if isinstance(v, (bool, int, str))]
     bits.append(f"w{rec['num_warps']} s{rec['num_stages']}")
+    bits += [f"{k}={v}" for k, v in (rec.get("options") or {}).items() if k not in ("num_warps", "num_stages")]
     return " ".join(bits)
 
 
@@ -984,17 +1083,28 @@ def _mma(rec, which="loop"):
     return ", ".join(f"{n}x {k}" for k, n in kinds.items())
 
 
+def _loads(rec, which="loop"):
+    """'14x buffer_load_dwordx4, 3x buffer_load_dwordx2 (widest 128 bit)' for the hot loop."""
+    loads = rec.get("loads") or {}
+    kinds = loads.get(which) or {}
+    if not kinds:
+        return "none"
+    widest = loads.get(f"{which}_widest_bits")
+    listed = ", ".join(f"{n}x {k}" for k, n in sorted(kinds.items(), key=lambda kv: (-(load_bits(kv[0]) or 0), kv[0])))
+    return f"{listed} (widest {widest} bit)" if widest else listed
+
+
 def describe_record(rec):
     """One line naming a config and its numbers (for failure messages)."""
     head = f"{rec['kernel']} [{rec['target']}] {rec['config']} -> {_compiled_as(rec)}"
     if not rec["compiled"]:
         return f"{head}: COMPILE FAILED: {rec['error']}"
     return (f"{head}: registers {_regs(rec)}; {_spills(rec)}; LDS {_lds(rec)}; {_occupancy(rec)}; "
-            f"MMA in hot loop: {_mma(rec, 'loop')}")
+            f"MMA in hot loop: {_mma(rec, 'loop')}; loads in hot loop: {_loads(rec)}")
 
 
 COLUMNS = ["kernel", "config (route params)", "compiled as", "target", "registers", "spills / scratch",
-           "LDS / smem", "occupancy", "MMA in hot loop", "MMA in kernel"]
+           "LDS / smem", "occupancy", "MMA in hot loop", "MMA in kernel", "global loads in hot loop"]
 
 
 def table_rows(report, targets=None):
@@ -1005,10 +1115,10 @@ def table_rows(report, targets=None):
         if not rec["compiled"]:
             first_line = (rec["error"] or "").splitlines()[0][:120] if rec["error"] else ""
             rows.append([rec["kernel"], rec["config"], _compiled_as(rec), rec["target"],
-                         "COMPILE FAILED", first_line, "", "", "", ""])
+                         "COMPILE FAILED", first_line, "", "", "", "", ""])
             continue
         rows.append([rec["kernel"], rec["config"], _compiled_as(rec), rec["target"], _regs(rec), _spills(rec),
-                     _lds(rec), _occupancy(rec), _mma(rec, "loop"), _mma(rec, "total")])
+                     _lds(rec), _occupancy(rec), _mma(rec, "loop"), _mma(rec, "total"), _loads(rec)])
     return rows
 
 
@@ -1019,7 +1129,7 @@ def format_text(report):
         lines.append("")
         lines.append(f"{rec_row[0]}  [{rec_row[3]}]  {rec_row[1]}  ->  {rec_row[2]}")
         for name, value in zip(COLUMNS[4:], rec_row[4:], strict=True):
-            lines.append(f"    {name:<18} {value}")
+            lines.append(f"    {name:<24} {value}")
     lines.extend(_notes(report))
     return "\n".join(lines)
 
