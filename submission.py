@@ -78,6 +78,14 @@ KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 # The catch-all is the runner's own reference configuration (persistent, page 1, 32 splits,
 # per-tensor q scale): valid for any KV lengths (its work plan is rebuilt per call when the
 # lengths are not uniform).
+# A racing row's candidates (section "Candidate race"): the aiter routes at page 1 (bf16; fp8 with
+# one split; a8w8 and a16w8 persistent at the split counts the reference plan tells apart) and
+# Triton routes compiled for gfx950: triton_fp8 and triton_mxfp4 ("e4m3", "none") in the H200's
+# shape, plus the gfx950 sweep's picks (tools/gfx950_sweep.py, docs/kernel_report.md): triton_fp8
+# block_n 128 / 8 warps / 3 stages on every row, triton_mxfp4 "e4m3" block_n 128 / 4 warps /
+# 3 stages where bs >= 32. The sweep's third pick (mxfp4 "none", 64 / 4 / 3) and the e4m3 pick at
+# bs 4 are left out: with them the race's gfx950 compiles took 63 s of its 90 s job budget, without
+# them 39 s (NOTES.md h27).
 #
 # Two parameters mean the same on every route that has them:
 #   num_splits: KV splits per batch row (aiter's persistent plan: at most that many);
@@ -112,12 +120,6 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_fp8",
           "params": {"num_splits": 8, "block_n": 128, "num_warps": 8, "num_stages": 3,
                      "qk_fp8": True, "q_scale": "program"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 8, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
@@ -144,9 +146,6 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"},
      "candidates": [
@@ -170,9 +169,6 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 256, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
@@ -198,9 +194,6 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 1, "block_n": 128, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
@@ -226,12 +219,6 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_fp8",
           "params": {"num_splits": 32, "block_n": 128, "num_warps": 8, "num_stages": 3,
                      "qk_fp8": True, "q_scale": "program"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 32, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 32, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
@@ -258,9 +245,6 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 64, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
@@ -286,9 +270,6 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": 256, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
@@ -314,9 +295,6 @@ AITER_ROUTE_TABLE = [
          {"route": "triton_mxfp4",
           "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
                      "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "none"}},
      ]},
     {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
      "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
