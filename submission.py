@@ -84,8 +84,8 @@ KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 # shape, plus the gfx950 sweep's picks (tools/gfx950_sweep.py, docs/kernel_report.md): triton_fp8
 # block_n 128 / 8 warps / 3 stages on every row, triton_mxfp4 "e4m3" block_n 128 / 4 warps /
 # 3 stages where bs >= 32. The sweep's third pick (mxfp4 "none", 64 / 4 / 3) and the e4m3 pick at
-# bs 4 are left out: with them the race's gfx950 compiles took 63 s of its 90 s job budget, without
-# them 39 s (NOTES.md h27).
+# bs 4 are left out: with them the race's gfx950 compiles took 63 s of its 90 s job budget (beside
+# other compiles), without them 31 s alone (NOTES.md h27).
 #
 # Two parameters mean the same on every route that has them:
 #   num_splits: KV splits per batch row (aiter's persistent plan: at most that many);

@@ -266,6 +266,8 @@ def test_gfx950_shaped_configs_match_the_current_one(params):
     current configuration (the knobs are compile options; the interpreter ignores them)."""
     data = make_data([1, 37, 150], seed=29)
     current = run(data, num_splits=2)
+    if not INTERPRETED and not M.IS_HIP:  # a GPU without HIP refuses the AMD knobs: the tile alone runs
+        params = {k: v for k, v in params.items() if k not in ("waves_per_eu", "matrix_instr_nonkdim", "kpack")}
     out = run(data, num_splits=2, **params)
     assert_close_to(out, dequantised(data), DEQ_BOUND, f"gfx950 shape {params}")
     assert R.rel_l2_error(out, current.double()) < SPLIT_AGREEMENT

@@ -339,10 +339,11 @@ def test_other_shapes_and_ragged_lengths_take_the_first_candidate(sub, capsys):
     assert race_lines(capsys) == [] and mod.LAST_ROUTE == route_of(first)
 
 
-def test_without_a_gpu_or_a_measuring_command_nothing_is_measured(sub, capsys):
+def test_without_a_gpu_or_a_measuring_command_nothing_is_measured(sub, capsys, monkeypatch):
     first, fast = persistent(16), persistent(8)
     mod = sub(racing_table(first, fast))
     mod.race_command = None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     inputs = data()
     out = mod.custom_kernel(inputs)
     assert mod.LAST_ROUTE == route_of(first) and race_lines(capsys) == []
@@ -474,7 +475,8 @@ def test_the_triton_routes_pass_the_judge_on_the_measuring_processes_inputs():
     honest routes pass, zeros do not."""
     import submission
 
-    data = submission.race_inputs(2, 64, {"fp8", "mxfp4"}, torch.float8_e4m3fn, "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    data = submission.race_inputs(2, 64, {"fp8", "mxfp4"}, torch.float8_e4m3fn, device)
     truth = submission.RaceTruth(data)
     for candidate in ({"route": "triton_fp8", "params": {"num_splits": 2, "block_n": 32}},
                       {"route": "triton_mxfp4", "params": {"num_splits": 2, "block_n": 32}}):
