@@ -2260,6 +2260,8 @@ def _race_print(text):
 
 
 def race_q_format(candidate):
+    """How the candidate rounds q before Q.K: ROUTE_INFO's q_format, or what q_format_param maps
+    the candidate's parameter (or the route's default for it) to."""
     info = ROUTE_INFO[candidate["route"]]
     param, formats = info.get("q_format_param", (None, {}))
     value = candidate["params"].get(param, keyword_defaults(ROUTES[candidate["route"]]).get(param)) if param else None
