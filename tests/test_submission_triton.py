@@ -184,16 +184,23 @@ class _FakeKernel:
         return dispatch
 
 
+@pytest.fixture
+def fake_direct_launch(monkeypatch):
+    """launch() with its direct path on, an empty key cache, _FakeCompiled as Triton's compiled
+    kernel, and one defaulted constexpr M = 7."""
+    monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(submission, "keyword_defaults", lambda k: {"M": 7})
+    monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
+    monkeypatch.setattr(submission, "_COMPILED", {})
+
+
+@pytest.mark.usefixtures("fake_direct_launch")
 def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
     """Triton's dispatch for a new key (alignment, strides, constexprs), the compiled kernel's
     launcher afterwards, with every constexpr (defaults included) in signature order; never
     direct while a launch hook is installed."""
     compiled = _FakeCompiled()
     kernel = _FakeKernel(compiled)
-    monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
-    monkeypatch.setattr(submission, "keyword_defaults", lambda k: {"M": 7})
-    monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
-    monkeypatch.setattr(submission, "_COMPILED", {})
     storage = torch.zeros(64)
     a, b = storage[:16], storage[16:32]
 
@@ -333,13 +340,10 @@ class _RecordingKernel(_FakeKernel):
         return call
 
 
-def test_launch_keys_and_passes_the_compile_options(monkeypatch):
+@pytest.mark.usefixtures("fake_direct_launch")
+def test_launch_keys_and_passes_the_compile_options():
     compiled = _FakeCompiled()
     kernel = _RecordingKernel(compiled)
-    monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
-    monkeypatch.setattr(submission, "keyword_defaults", lambda k: {"M": 7})
-    monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
-    monkeypatch.setattr(submission, "_COMPILED", {})
     a = torch.zeros(16)
 
     def call(options):
