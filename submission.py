@@ -2303,6 +2303,18 @@ def quantize_mxfp4(kv):
     return packed, scales
 
 
+def fp8_tensor_scale(x, fp8_dtype):
+    """The runner's per-tensor fp8 scale of bf16 x, in bf16 arithmetic: max|x| / fp8 max."""
+    return x.abs().amax().clamp(min=1e-12) / FP8_MAX[fp8_dtype]
+
+
+def fp8_dtype_of(kv_data):
+    """The fp8 dtype of the call's fp8 cache (float8_e4m3fn when it has none)."""
+    entry = kv_data.get("fp8")
+    dtype = getattr(entry[0], "dtype", None) if isinstance(entry, (tuple, list)) and entry else None
+    return dtype if dtype in FP8_DTYPES else torch.float8_e4m3fn
+
+
 class RaceTruth:
     """Float32 attention of RACE_TRUTH_ROWS batch rows over every token of theirs, from bf16 q and
     the bf16 cache (the truth), and per (q format, KV format) the same attention from q and the
@@ -2325,8 +2337,8 @@ class RaceTruth:
         if q_format == "bf16":
             return q[self.rows].float()
         # fp8 per tensor, the runner's quantiser: amax, scale and quotient in bf16
-        fp8 = self.kv_data["fp8"][0].dtype if "fp8" in self.kv_data else torch.float8_e4m3fn
-        scale = q.abs().amax().clamp(min=1e-12) / FP8_MAX[fp8]
+        fp8 = fp8_dtype_of(self.kv_data)
+        scale = fp8_tensor_scale(q, fp8)
         return (q[self.rows] / scale).to(fp8).float() * scale.float()
 
     def _kv_rows(self, kv_format, begin, end):
@@ -2441,7 +2453,7 @@ def race_inputs(batch, kv_len, kv_formats, fp8_dtype, device):
                      dtype=torch.bfloat16)
     kv_data = {"bf16": kv}
     if "fp8" in kv_formats:
-        scale = kv.abs().amax().clamp(min=1e-12) / FP8_MAX[fp8_dtype]
+        scale = fp8_tensor_scale(kv, fp8_dtype)
         kv_data["fp8"] = ((kv / scale).to(fp8_dtype), scale.float().reshape(1))
     if "mxfp4" in kv_formats:
         kv_data["mxfp4"] = quantize_mxfp4(kv)
@@ -2820,10 +2832,9 @@ def _settle(key, candidate, row, table):
     return selection[1]
 
 
-def _fp8_dtype(kv_data):
-    entry = kv_data.get("fp8")
-    dtype = getattr(entry[0], "dtype", None) if isinstance(entry, (tuple, list)) and entry else None
-    return dtype if dtype in FP8_DTYPES else torch.float8_e4m3fn
+def _run_route(candidate, data, total_kv):
+    check_kv_format(data[1], ROUTE_INFO[candidate["route"]]["kv_format"], total_kv)
+    return ROUTES[candidate["route"]](*data, **candidate["params"])
 
 
 def _settle_race(key, row, table, data, batch, total_kv):
@@ -2837,17 +2848,20 @@ def _settle_race(key, row, table, data, batch, total_kv):
     except ValueError as exc:
         _race_print(f"{RACE_LINE} skipped bs={batch} kv={shape[1]}: {exc}; the first candidate runs")
         LAST_ROUTE = _settle(key, candidates[0], row, table)
-        check_kv_format(data[1], ROUTE_INFO[row["route"]]["kv_format"], total_kv)
-        return ROUTES[row["route"]](*data, **row["params"])
-    outcome = race_job(table, shape, _fp8_dtype(data[1]))[shape]
+        return _run_route(candidates[0], data, total_kv)
+
+    def check_line(then):
+        _race_print(f"{RACE_LINE} check {_table_name(table)} bs={batch} kv={shape[1]}: "
+                    f"{' | '.join(rejected)} on this call's data -> {then}")
+
+    outcome = race_job(table, shape, fp8_dtype_of(data[1]))[shape]
     truth, rejected = RaceTruth(data), []
     for index in outcome.ranking:
         out, why = race_run(candidates[index], data, total_kv, truth)
         if out is not None:
             LAST_ROUTE = _settle(key, candidates[index], row, table)
             if rejected:
-                _race_print(f"{RACE_LINE} check {_table_name(table)} bs={batch} kv={shape[1]}: "
-                            f"{' | '.join(rejected)} on this call's data -> [{index + 1}] runs")
+                check_line(f"[{index + 1}] runs")
             return out
         rejected.append(f"[{index + 1}] x {why}")
     catch_all = {"route": table[-1]["route"], "params": table[-1]["params"]}
@@ -2859,10 +2873,8 @@ def _settle_race(key, row, table, data, batch, total_kv):
         then = (f"the catch-all runs for this call; judged again on the next "
                 f"({outcome.rejections} of {RACE_CALL_CHECKS})")
     if rejected:
-        _race_print(f"{RACE_LINE} check {_table_name(table)} bs={batch} kv={shape[1]}: "
-                    f"{' | '.join(rejected)} on this call's data -> {then}")
-    check_kv_format(data[1], ROUTE_INFO[catch_all["route"]]["kv_format"], total_kv)
-    return ROUTES[catch_all["route"]](*data, **catch_all["params"])
+        check_line(then)
+    return _run_route(catch_all, data, total_kv)
 
 
 def custom_kernel(data: input_t) -> output_t:
