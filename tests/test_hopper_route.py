@@ -71,11 +71,14 @@ def test_refuses_an_fp8_format_the_kernel_cannot_read():
         submission.hopper_fp8_route(q, bad, qo_indptr, kv_indptr, config)
 
 
-def test_refuses_fewer_q_rows_than_batch_rows():
-    """The kernel reads q at row `batch` before qo_indptr answers: q must have a row there."""
+def test_refuses_q_it_cannot_read_densely():
+    """The kernel reads q[batch] as 16 x 576 dense bf16 values: another row count or layout is refused."""
     q, kv_data, qo_indptr, kv_indptr, config = reference.generate_input(3, 1, 64, 1, device="cpu")
-    with pytest.raises(ValueError, match="q has 2 rows"):
+    with pytest.raises(ValueError, match=r"got shape \(2, 16, 576\)"):
         submission.hopper_fp8_route(q[:2], kv_data, qo_indptr, kv_indptr, config)
+    transposed = q.transpose(1, 2).contiguous().transpose(1, 2)
+    with pytest.raises(ValueError, match="strides"):
+        submission.hopper_fp8_route(transposed, kv_data, qo_indptr, kv_indptr, config)
 
 
 class _Descriptor:
@@ -103,8 +106,7 @@ def test_compile_plans_are_for_sm90_only_and_cover_both_merges():
     for plan in plans:
         assert plan["targets"] == ["sm90"] and plan["kernel"] is submission._mla_decode_fp8_hopper_kernel
         assert plan["constexprs"]["NUM_SPLITS"] == 4 and plan["num_warps"] == 4
-    for params in ({"num_splits": 3}, {"num_splits": 1}, {"num_splits": 128},
-                   {"num_splits": 4, "cooperative_merge": False}):
+    for params in ({"num_splits": 3}, {"num_splits": 1}, {"num_splits": 128}):
         [plan] = submission.triton_compile_plan("hopper_fp8", params)
         assert plan["constexprs"]["COOPERATIVE_MERGE"] is False
 

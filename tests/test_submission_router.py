@@ -5,6 +5,7 @@ input checks run on the meta device too, which proves they never read tensor con
 """
 import ast
 import importlib
+import json
 import re
 
 import pytest
@@ -32,7 +33,7 @@ def reference():
 
 
 def _label(row):
-    return f"{row['route']} {row['params']}"
+    return f"{row['route']} {json.dumps(row['params'], separators=(',', ':'))}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,7 +83,7 @@ def test_rows_are_well_formed_and_end_with_an_always_valid_catch_all(without_ait
 
 def test_aiter_route_info(without_aiter):
     info = without_aiter.ROUTE_INFO
-    assert info["aiter_bf16"] == {"kv_format": "bf16", "q_format": "bf16", "rel_l2_bound": 0.01}
+    assert info["aiter_bf16"] == {"kv_format": "bf16", "q_format": "bf16", "rel_l2_bound": 0.01, "kernel_params": ()}
     for route in ("aiter_fp8", "aiter_a8w8_persistent"):
         assert info[route]["kv_format"] == "fp8" and info[route]["rel_l2_bound"] <= 0.06
         assert info[route]["q_format"] == "fp8"
@@ -94,7 +95,6 @@ def test_every_route_says_how_it_rounds_q(without_aiter):
     mod = without_aiter
     for route, info in mod.ROUTE_INFO.items():
         assert info["q_format"] in ("fp8", "bf16"), route
-    assert mod.race_q_format({"route": "triton_fp8", "params": {"qk_fp8": False}}) == "bf16"
     assert mod.race_q_format({"route": "triton_fp8", "params": {}}) == "fp8"
     assert mod.race_q_format({"route": "triton_mxfp4", "params": {"qk_dot_scaled": "e4m3"}}) == "fp8"
     assert mod.race_q_format({"route": "triton_mxfp4", "params": {}}) == "bf16"
@@ -179,11 +179,12 @@ def test_select_route_reads_a_replaced_table(with_aiter, reference):
         mod.AITER_ROUTE_TABLE = [{"max_batch": None, "max_kv_len": None, "route": "aiter_fp8",
                                   "params": {"q_scale": "tensor"}}]
         mod.custom_kernel(data)
-        assert mod.LAST_ROUTE == "aiter_fp8 {'q_scale': 'tensor'}"
+        assert mod.LAST_ROUTE == 'aiter_fp8 {"q_scale":"tensor"}'
+        assert mod.LAST_CANDIDATE == {"route": "aiter_fp8", "params": {"q_scale": "tensor"}}
     finally:
         mod.AITER_ROUTE_TABLE = original
     mod.custom_kernel(data)
-    assert mod.LAST_ROUTE == "aiter_bf16 {}"
+    assert mod.LAST_ROUTE == "aiter_bf16 {}" == mod.route_label(mod.LAST_CANDIDATE)
 
 
 def test_last_route_names_each_calls_route(with_aiter, reference):
@@ -308,8 +309,8 @@ def test_checks_never_read_tensor_contents(with_aiter):
         torch.empty(batch + 1, dtype=torch.int32, device=meta),
         {"batch_size": batch, "q_seq_len": 1, "kv_seq_len": kv_len, "sm_scale": mod.SM_SCALE},
     )
-    assert mod.check_inputs(*data) == (batch, total_kv)
+    assert mod.check_inputs(*data)[3:] == (batch, total_kv)
     for fmt in ("bf16", "fp8", "mxfp4"):
-        mod.check_kv_format(data[1], fmt, total_kv)
+        mod.check_kv_format(data[1], fmt, total_kv, meta)
     assert mod.declares_uniform_kv(batch, total_kv, data[4])
     assert mod.select_route(batch, kv_len)["route"] == "aiter_a8w8_persistent"

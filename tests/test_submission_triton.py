@@ -1,7 +1,6 @@
 """The portable Triton route of submission.py (triton_fp8), under the interpreter on CPU (and as is
 on a GPU): strict accuracy against float64 attention, any indptr, splits, caching, fresh outputs."""
 
-import os
 
 import pytest
 import torch
@@ -16,13 +15,10 @@ def data_with_lengths(kv_lens, seed):
     return reference.generate_input(len(kv_lens), 1, max(kv_lens), seed, kv_lens=kv_lens, device=DEVICE)
 
 
-def dequantised_attention_float64(data, quantise_q=False):
+def dequantised_attention_float64(data):
     """float64 attention over the dequantised fp8 cache: what the route computes, minus rounding."""
     q, kv_data, _, kv_indptr, config = data
     kv8, scale = kv_data["fp8"]
-    if quantise_q:  # per tensor in float32, as the route's q_scale="tensor" (the reference rounds in bf16)
-        q8, q_scale = reference.quantize_fp8(q.float(), dtype=kv8.dtype)
-        q = q8.double() * q_scale.double()
     kv = kv8.double()[:, 0] * scale.double()
     bounds = kv_indptr.tolist()
     rows = []
@@ -41,8 +37,8 @@ ROUTE_CASES = [
     ([37, 100, 5], {"num_splits": 1, "block_n": 32}),
     ([37, 100, 5], {"num_splits": 4, "block_n": 32}),
     ([200, 1, 64], {"num_splits": 8, "block_n": 64}),
-    ([130], {"num_splits": 2, "block_n": 64, "q_scale": "tensor"}),
-    ([70, 129], {"num_splits": 2, "block_n": 64, "qk_fp8": False}),
+    ([130], {"num_splits": 2, "block_n": 64}),
+    ([70, 129], {"num_splits": 3, "block_n": 16}),
 ]
 
 
@@ -53,10 +49,8 @@ def test_route_matches_float64_attention_over_its_own_inputs(kv_lens, params):
     assert out.shape == (len(kv_lens), 16, 512) and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
     exact = dequantised_attention_float64(data)
-    # Only q's fp8 rounding (about 2.5%) separates the route from attention over the fp8 cache;
-    # with qk_fp8=False only f16/bf16 rounding (0.2%) does.
-    bound = 0.004 if params.get("qk_fp8") is False else 0.04
-    assert rel(out, exact) < bound
+    # Only q's fp8 rounding (about 2.5%) separates the route from attention over the fp8 cache.
+    assert rel(out, exact) < 0.04
     # Against the truth (float64 over the bf16 cache): within the route's declared bound, and no
     # worse than 1.25x the reference's own error on the same inputs.
     truth = reference.attention_float64(data)
@@ -89,26 +83,16 @@ def test_two_calls_return_distinct_tensors_and_the_first_survives():
     assert torch.equal(first, kept)
 
 
-def test_per_tensor_and_per_program_q_scales_agree_within_fp8_rounding():
-    data = data_with_lengths([96, 40], seed=5)
-    program = submission.triton_fp8_route(*data, q_scale="program")
-    tensor = submission.triton_fp8_route(*data, q_scale="tensor")
-    assert rel(program, tensor) < 0.05
-    # the per-tensor mode computes attention over q quantised per tensor (in float32)
-    assert rel(tensor, dequantised_attention_float64(data, quantise_q=True)) < 0.005
-
-
 def test_large_q_stays_right():
-    """Both q scale modes follow q's range: q x 1000 (far past the fp8 max) over a cache whose scale
-    is divided by 1000 gives the same scores, and an output 1000 times smaller."""
+    """The per-program q scale follows q's range: q x 1000 (far past the fp8 max) over a cache whose
+    scale is divided by 1000 gives the same scores, and an output 1000 times smaller."""
     q, kv_data, qo, kvi, config = data_with_lengths([80], seed=9)
     big = (q.float() * 1000).bfloat16()
     kv_fp8, kv_scale = kv_data["fp8"]
     small_kv = dict(kv_data, fp8=(kv_fp8, kv_scale / 1000))
-    for mode in ("program", "tensor"):
-        out = submission.triton_fp8_route(big, small_kv, qo, kvi, config, q_scale=mode)
-        unscaled = submission.triton_fp8_route(q, kv_data, qo, kvi, config, q_scale=mode)
-        assert rel(out.float() * 1000, unscaled) < 0.02
+    out = submission.triton_fp8_route(big, small_kv, qo, kvi, config)
+    unscaled = submission.triton_fp8_route(q, kv_data, qo, kvi, config)
+    assert rel(out.float() * 1000, unscaled) < 0.02
 
 
 def test_a_zero_output_fails_the_strict_bound():
@@ -124,7 +108,7 @@ def _run_custom_kernel_checked(expected_route):
     row = submission.select_route(2, 96, True, submission.TRITON_ROUTE_TABLE)
     assert row["route"] == expected_route
     out = submission.custom_kernel(data)
-    assert submission.LAST_ROUTE == f"{row['route']} {row['params']}"
+    assert submission.LAST_ROUTE == submission.route_label(row)
     assert reference.rel_l2_error(out, data) <= submission.ROUTE_INFO[row["route"]]["rel_l2_bound"]
     ok, message = reference.check_implementation(data, out)
     assert ok, message
@@ -222,26 +206,12 @@ def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# AMD compile knobs (waves_per_eu, matrix_instr_nonkdim, kpack): compiled on HIP only; the
-# interpreter ignores them (it compiles nothing); any other device refuses a knob that is set.
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-AMD_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
-
-
-def runnable_here(params):
-    """params as this machine runs them: a GPU without HIP refuses the AMD knobs (tested below),
-    so there the tile alone runs; the interpreter ignores them; HIP compiles them."""
-    if INTERPRETED or submission.IS_HIP:
-        return params
-    return {k: v for k, v in params.items() if k not in AMD_KNOBS}
-
+# gfx950-shaped tiles (the picks of tools/gfx950_sweep.py): the same attention as the H200 shape
 
 GFX950_SHAPES = [
-    # (params): the tiles and knobs of the gfx950 sweep (tools/gfx950_sweep.py), against the H200 shape
-    {"block_n": 32, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16},
-    {"block_n": 128, "num_warps": 8, "num_stages": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 32},
-    {"block_n": 64, "num_warps": 4, "num_stages": 3, "waves_per_eu": 1, "kpack": 1},
+    {"block_n": 32, "num_warps": 4, "num_stages": 1},
+    {"block_n": 128, "num_warps": 8, "num_stages": 2},
+    {"block_n": 64, "num_warps": 4, "num_stages": 3},
 ]
 
 
@@ -249,113 +219,12 @@ GFX950_SHAPES = [
 def test_gfx950_shaped_configs_match_the_current_one_and_the_truth(params):
     data = data_with_lengths([150, 1, 97], seed=31)
     current = submission.triton_fp8_route(*data, num_splits=4, block_n=64, num_warps=8, num_stages=3)
-    out = submission.triton_fp8_route(*data, num_splits=4, **runnable_here(params))
+    out = submission.triton_fp8_route(*data, num_splits=4, **params)
     exact = dequantised_attention_float64(data)
     assert rel(out, exact) < 0.04
     assert rel(out, current) < 5e-3  # tile size changes only the summation order
     truth = reference.attention_float64(data)
     assert rel(out, truth) <= submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"]
-
-
-@pytest.mark.skipif(not INTERPRETED, reason="on a GPU the knobs compile (HIP) or are refused (elsewhere)")
-def test_knobs_alone_change_nothing_under_the_interpreter():
-    data = data_with_lengths([70, 33], seed=32)
-    plain = submission.triton_fp8_route(*data, num_splits=2, block_n=32)
-    knobs = submission.triton_fp8_route(*data, num_splits=2, block_n=32, waves_per_eu=2, matrix_instr_nonkdim=32,
-                                        kpack=2)
-    assert torch.equal(plain, knobs)
-
-
-@pytest.mark.parametrize("name,value", [("waves_per_eu", -1), ("waves_per_eu", 9), ("waves_per_eu", True),
-                                        ("matrix_instr_nonkdim", 8), ("kpack", 4), ("kpack", "1")])
-def test_bad_knob_values_are_refused_everywhere(name, value):
-    data = data_with_lengths([16], seed=1)
-    with pytest.raises(ValueError, match=name):
-        submission.triton_fp8_route(*data, **{name: value})
-    with pytest.raises(ValueError, match=name):
-        submission.triton_mxfp4_route(*data, **{name: value})
-    with pytest.raises(ValueError, match=name):
-        submission.triton_compile_plan("triton_fp8", {name: value})
-
-
-class _CompiledKernelStandIn(submission.triton.runtime.JITFunction):
-    """An instance that passes for a compiled (not interpreted) kernel; never launched."""
-    def __init__(self):
-        pass
-
-
-def test_knobs_reach_hip_and_are_refused_on_other_gpus(monkeypatch):
-    kernel, gpu = _CompiledKernelStandIn(), torch.device("cuda", 0)
-    monkeypatch.setattr(submission, "IS_HIP", True)
-    assert submission.amd_compile_options(kernel, gpu, waves_per_eu=2, matrix_instr_nonkdim=16, kpack=None) == {
-        "waves_per_eu": 2, "matrix_instr_nonkdim": 16}
-    assert submission.amd_compile_options(kernel, gpu, waves_per_eu=None, matrix_instr_nonkdim=None, kpack=None) == {}
-    monkeypatch.setattr(submission, "IS_HIP", False)  # NVIDIA: nothing set is fine, a knob set is refused
-    assert submission.amd_compile_options(kernel, gpu, waves_per_eu=None, matrix_instr_nonkdim=None, kpack=None) == {}
-    with pytest.raises(ValueError, match="matrix_instr_nonkdim=32 is a compile option of Triton's AMD"):
-        submission.amd_compile_options(kernel, gpu, waves_per_eu=None, matrix_instr_nonkdim=32, kpack=None)
-    if INTERPRETED:  # the interpreter's kernels: ignored whatever the machine
-        assert submission.amd_compile_options(submission._mla_decode_fp8_kernel, gpu, waves_per_eu=2,
-                                              matrix_instr_nonkdim=None, kpack=None) == {}
-
-
-@pytest.mark.parametrize("route", ["triton_fp8", "triton_mxfp4"])
-def test_routes_pass_the_knobs_to_launch_on_hip(monkeypatch, route):
-    launches = []
-    monkeypatch.setattr(submission, "IS_HIP", True)
-    monkeypatch.setattr(submission.triton.runtime, "JITFunction", object)  # every kernel counts as compiled
-    monkeypatch.setattr(submission, "launch", lambda *args: launches.append(args))
-    data = data_with_lengths([16], seed=2)
-    getattr(submission, f"{route}_route")(*data, waves_per_eu=2, matrix_instr_nonkdim=16)
-    getattr(submission, f"{route}_route")(*data)
-    assert launches[0][-1] == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}
-    assert launches[1][-1] == {}
-
-
-def test_compile_plans_carry_the_knobs_for_hip_targets_only():
-    for route in ("triton_fp8", "triton_mxfp4"):
-        (plain,) = submission.triton_compile_plan(route, {"num_splits": 2})
-        assert plain["options"] == {} and "targets" not in plain
-        (entry,) = submission.triton_compile_plan(route, {"num_splits": 2, "waves_per_eu": 1,
-                                                          "matrix_instr_nonkdim": 32, "block_n": 32})
-        assert entry["options"] == {"waves_per_eu": 1, "matrix_instr_nonkdim": 32}
-        assert entry["targets"] == ["gfx950", "gfx942"]
-        assert entry["constexprs"]["BLOCK_N"] == 32
-        pointers = [name for name, kind in entry["signature"].items() if kind.startswith("*")]
-        assert entry["range32_args"] == pointers and "KV" in pointers
-
-
-class _RecordingKernel(_FakeKernel):
-    """A _FakeKernel that also records the compile options each Triton dispatch gets."""
-    def __init__(self, compiled):
-        super().__init__(compiled)
-        self.options = []
-
-    def __getitem__(self, grid):
-        dispatch = super().__getitem__(grid)
-
-        def call(*args, **kwargs):
-            self.options.append({k: v for k, v in kwargs.items() if k not in ("N", "num_warps", "num_stages")})
-            return dispatch(*args, **kwargs)
-        return call
-
-
-@pytest.mark.usefixtures("fake_direct_launch")
-def test_launch_keys_and_passes_the_compile_options():
-    compiled = _FakeCompiled()
-    kernel = _RecordingKernel(compiled)
-    a = torch.zeros(16)
-
-    def call(options):
-        submission.launch(kernel, (1, 1), (a, a), (0.5, 16), {"N": 3}, 4, 2, options)
-
-    call({"waves_per_eu": 2})
-    call({"waves_per_eu": 2})  # the same key: the compiled kernel's own launcher (it holds the options)
-    assert kernel.dispatched == 1 and len(compiled.launches) == 1
-    call({"waves_per_eu": 1})  # another compile option: Triton compiles anew
-    call(None)
-    assert kernel.dispatched == 3 and len(compiled.launches) == 1
-    assert kernel.options == [{"waves_per_eu": 2}, {"waves_per_eu": 1}, {}]
 
 
 def test_hip_keys_hold_the_2gib_range_of_each_tensor(monkeypatch):
@@ -385,7 +254,7 @@ def _aiter_triton_candidates(route, **fixed):
 
 @pytest.mark.parametrize("params", _aiter_triton_candidates("triton_fp8"), ids=repr)
 def test_every_aiter_table_fp8_candidate_agrees_with_the_h200_shape(params):
-    """What the MI355X race would run (its knobs ignored here): the same attention as the H200-shaped
+    """What the MI355X race would run: the same attention as the H200-shaped
     configuration at the same split count, within the route's bounds."""
     data = data_with_lengths([200, 1, 131], seed=41)
     out = submission.triton_fp8_route(*data, **params)
