@@ -19,13 +19,20 @@ Two ways to run it:
 
        python eval.py test|benchmark|leaderboard|profile [SPEC] [--submission PATH] [--json PATH]
                       [--strict] [--l2-flush default|runner|none] [--repeats N] [--spawn]
-                      [--device cpu|cuda]
+                      [--device cpu|cuda] [--wide] [--cpu-timing] [--compare EARLIER.json]
+                      [--chart PATH]
 
-   Prints one table per run: route, mean +- err, best, reference time, speedup, GB/s and % of the
-   measured copy bandwidth, mismatch ratio vs the 5% limit, rel. L2 error vs float64 attention.
-   Without a GPU it uses specs/cpu.txt and says that CPU times mean nothing. Cases run in this
-   process, or with --spawn in one spawned worker as in runner mode. Exit codes: 0 all pass,
-   112 a case failed, 2 bad arguments.
+   Prints one table per run, about 110 columns wide (short route labels; --wide shows each
+   route's parameters and the best time): route, mean +- err, reference time, speedup, GB/s and
+   % of the measured copy bandwidth, mismatch ratio vs the 5% limit, rel. L2 error vs float64
+   attention and its share of the route's bound. Then a summary (cases passed, the case closest to its
+   bound, elapsed time) and a last line naming the next useful command; a progress bar on stderr
+   while the cases run. Without a GPU it uses specs/cpu.txt, says that CPU times mean nothing,
+   and benchmark/leaderboard modes only check (timing only with --cpu-timing). --compare reads
+   an earlier --json run: per case the ratio of the means and whether the difference lies
+   outside both runs' spread. --chart draws the times (matplotlib). Cases run in this process,
+   or with --spawn in one spawned worker as in runner mode. Exit codes: 0 all pass, 112 a case
+   failed, 2 bad arguments (also --device cuda where torch sees no GPU).
 """
 import argparse
 import base64
@@ -34,6 +41,8 @@ import json
 import multiprocessing
 import os
 import sys
+import textwrap
+import time
 import traceback
 
 # Project modules (utils, reference) are imported inside the functions: the argument and
@@ -65,6 +74,7 @@ REF_MAX_REPEATS = 100  # timing of ref_kernel in human mode
 REF_MAX_TIME_NS = 5e9
 CPU_MAX_REPEATS = 10  # human mode on the CPU: times mean nothing, keep it short
 CPU_MAX_TIME_NS = 5e9
+REPORT_COLUMNS = 110  # the human report's width with short route labels (--wide: no limit)
 CPU_NOTE = ("NOTE: no GPU here: cases run on the CPU (Triton interpreter). CPU times mean "
             "nothing; only the checks count.")
 
@@ -121,15 +131,39 @@ def load_submission(path: str, module_name: str = "submission"):
 
 
 def route_of(sub):
-    """(full LAST_ROUTE text or None, route name or None, ROUTE_INFO entry or {})."""
+    """(full route label or None, route name or None, ROUTE_INFO entry or {}) of the route the
+    last custom_kernel call ran (``LAST_ROUTE``; the name from ``LAST_CANDIDATE`` when set)."""
+    full, _, name, entry = route_labels(sub)
+    return full, name, entry
+
+
+def route_labels(sub):
+    """(full label, short label, route name, ROUTE_INFO entry) of the last call's route.
+
+    Full: ``LAST_ROUTE`` as the submission wrote it. Short (the report's default):
+    ``route_label(LAST_CANDIDATE, short=True)`` where the submission defines both (e.g.
+    ``hopper_fp8 s16``), else the route name, the first word of ``LAST_ROUTE``. All None when the
+    submission records no route."""
     last = getattr(sub, "LAST_ROUTE", None)
-    if last is None:
-        return None, None, {}
-    text = str(last)
-    name = text.split()[0] if text.split() else text
+    candidate = getattr(sub, "LAST_CANDIDATE", None)
+    labeller = getattr(sub, "route_label", None)
+    name = short = None
+    if isinstance(candidate, dict) and candidate.get("route"):
+        name = str(candidate["route"])
+        if callable(labeller):
+            try:
+                short = str(labeller(candidate, short=True))
+            except Exception:  # a label is a nicety; the report goes on without it
+                short = None
+    if last is None and name is None:
+        return None, None, None, {}
+    full = str(last) if last is not None else name
+    if name is None:
+        words = full.split()
+        name = words[0] if words else full
     info = getattr(sub, "ROUTE_INFO", None)
     entry = info.get(name, {}) if isinstance(info, dict) else {}
-    return text, name, entry if isinstance(entry, dict) else {}
+    return full, short or name, name, entry if isinstance(entry, dict) else {}
 
 
 def _one_line(text) -> str:
@@ -445,17 +479,44 @@ def popcorn_main(mode: str, spec_path: str, submission: str, fd: int, flush_mode
 # Human mode
 
 
+def _kv_text(args: dict) -> str:
+    if args.get("kv_lens") is not None:
+        return ",".join(str(n) for n in args["kv_lens"])
+    return str(args.get("kvseqlen"))
+
+
 def _label(args: dict) -> str:
-    parts = []
-    if "kv_lens" in args:
-        parts.append(f"bs={args.get('batchsize')} kv={list(args['kv_lens'])}")
-    else:
-        parts.append(f"bs={args.get('batchsize')} kv={args.get('kvseqlen')}")
+    """The case's name in the JSON and in FAIL lines: shape and seed."""
+    parts = [f"bs={args.get('batchsize')} kv={_kv_text(args)}"]
     if args.get("qseqlen", 1) != 1:
         parts.append(f"q={args.get('qseqlen')}")
     if "seed" in args:
         parts.append(f"seed={args['seed']}")
     return " ".join(parts)
+
+
+SHORT_LABEL_CHARS = 22
+
+
+def _short_label(args: dict) -> str:
+    """The case's name in the table: its shape, at most SHORT_LABEL_CHARS characters (a long list
+    of ragged lengths is cut, with its count)."""
+    kv = _kv_text(args)
+    text = f"bs={args.get('batchsize')} kv={kv}"
+    if args.get("qseqlen", 1) != 1:
+        text += f" q={args.get('qseqlen')}"
+    if len(text) > SHORT_LABEL_CHARS and args.get("kv_lens") is not None:
+        tail = f"..({len(args['kv_lens'])})"
+        keep = SHORT_LABEL_CHARS - len(text) + len(kv) - len(tail)
+        text = text.replace(kv, kv[:max(keep, 1)].rstrip(",") + tail)
+    return text
+
+
+def _shape_key(args: dict) -> tuple:
+    """What identifies a case across runs: its shape, not its seed (a secret seed changes it)."""
+    lens = args.get("kv_lens")
+    return (args.get("batchsize"), args.get("qseqlen", 1),
+            tuple(lens) if lens is not None else args.get("kvseqlen"))
 
 
 def case_bytes(data, kv_format):
@@ -524,8 +585,9 @@ def human_case(sub, args: dict, opts: dict) -> dict:
     import utils
 
     mode = opts["mode"]
-    row = {"case": _label(args), "spec": opts.get("spec", ""), "args": dict(args), "ok": True,
-           "loose_ok": None, "problems": [], "message": "", "route": None, "kv_format": None,
+    row = {"case": _label(args), "label": _short_label(args), "spec": opts.get("spec", ""),
+           "args": dict(args), "ok": True, "loose_ok": None, "problems": [], "message": "",
+           "route": None, "route_short": None, "kv_format": None,
            "rel_l2": None, "rel_l2_bound": None, "mismatch": None, "stats": None,
            "ref_stats": None, "bytes": None}
     try:
@@ -535,8 +597,7 @@ def human_case(sub, args: dict, opts: dict) -> dict:
         work = reference.clone_data(data)
         output = sub.custom_kernel(work)
         utils.synchronize(dev)
-        route_text, route_name, info = route_of(sub)
-        row["route"] = route_text
+        row["route"], row["route_short"], _, info = route_labels(sub)
         row["kv_format"] = info.get("kv_format")
         expected = reference.ref_kernel(check_copy)
         ok, message = reference.compare_outputs(output, expected)
@@ -562,7 +623,7 @@ def human_case(sub, args: dict, opts: dict) -> dict:
                     + ("" if row["rel_l2_bound_declared"] else " (default; route declares none)"))
         row["ok"] = not row["problems"]
         del output, work, expected
-        if mode in ("benchmark", "leaderboard") and row["ok"]:
+        if mode in ("benchmark", "leaderboard") and row["ok"] and opts.get("timed", True):
             flusher = utils.L2Flusher(opts.get("l2_flush", "default"), dev)
             result = run_benchmark_case(
                 sub, args, recheck=(mode == "leaderboard"), max_repeats=opts["max_repeats"],
@@ -591,41 +652,74 @@ def _fmt_us(ns):
     return "-" if ns is None else f"{ns / 1e3:.1f}"
 
 
-def format_table(rows, mode: str, copy_bw=None) -> str:
-    """The human-mode table as text."""
-    if mode in ("benchmark", "leaderboard"):
-        head = ["case", "route", "status", "mean+-err us", "best us", "ref us", "speedup", "GB/s",
-                "%copy", "mismatch(<=5%)", "relL2 (bound)"]
+def fraction_of_bound(row):
+    """A case's rel. L2 error as a fraction of its bound (1.0 = at the bound), or None."""
+    rel, bound = row.get("rel_l2"), row.get("rel_l2_bound")
+    if rel is None or not bound:
+        return None
+    return float(rel) / float(bound)
+
+
+def _rel_text(r) -> str:
+    if r.get("rel_l2") is None:
+        return "-"
+    text = f"{r['rel_l2']:.4f}"
+    frac = fraction_of_bound(r)
+    if frac is not None:
+        text += f" {100 * frac:.0f}%" + ("" if r.get("rel_l2_bound_declared") else "*")
+    return text
+
+
+def _mismatch_text(r) -> str:
+    return "-" if r.get("mismatch") is None else f"{100 * r['mismatch']:.2f}%"
+
+
+def format_table(rows, mode: str, copy_bw=None, *, wide: bool = False, timed: bool = True) -> str:
+    """The human-mode table as text: at most about 115 columns with short route labels; ``wide``
+    adds the routes' full labels (parameters) and the best times. ``timed``: benchmark columns (benchmark and
+    leaderboard modes that timed their cases)."""
+    timed = timed and mode in ("benchmark", "leaderboard")
+    if timed:
+        head = ["case", "route", "ok", "mean+-err us", "best", "ref us", "speedup",
+                "GB/s %copy", "mismatch", "relL2 %bound"]
+        if not wide:  # the best time stays in the JSON
+            head.remove("best")
     else:
-        head = ["case", "route", "status", "mismatch(<=5%)", "relL2 (bound)"]
+        head = ["case", "route", "ok", "mismatch", "relL2 %bound"]
     lines = []
     for r in rows:
         status = "pass" if r["ok"] else "FAIL"
-        mism = "-" if r.get("mismatch") is None else f"{100 * r['mismatch']:.3f}%"
-        rel = "-" if r.get("rel_l2") is None else f"{r['rel_l2']:.4f}"
-        if r.get("rel_l2_bound") is not None:
-            rel += f" ({r['rel_l2_bound']:.3g}{'' if r.get('rel_l2_bound_declared') else '*'})"
-        route = r.get("route") or "-"
-        if mode in ("benchmark", "leaderboard"):
+        route = (r.get("route") if wide else r.get("route_short") or r.get("route")) or "-"
+        label = r.get("label") or r["case"]
+        if timed:
             st, ref = r.get("stats"), r.get("ref_stats")
             mean = f"{st['mean'] / 1e3:.1f}+-{st['err'] / 1e3:.1f}" if st else "-"
             best = _fmt_us(st["best"]) if st else "-"
             ref_us = _fmt_us(ref["mean"]) if ref else "-"
             speed = f"{ref['mean'] / st['mean']:.2f}x" if st and ref and st["mean"] > 0 else "-"
-            gbs = pct = "-"
+            gbs = "-"
             if st and r.get("bytes") and st["mean"] > 0:
                 g = r["bytes"] / st["mean"]
                 gbs = f"{g:.0f}" if g >= 10 else f"{g:.2f}"
                 if copy_bw:
-                    pct = f"{100 * g / copy_bw:.1f}%"
-            lines.append([r["case"], route, status, mean, best, ref_us, speed, gbs, pct, mism, rel])
+                    gbs += f" {100 * g / copy_bw:.0f}%"
+            lines.append([label, route, status, mean] + ([best] if wide else [])
+                         + [ref_us, speed, gbs, _mismatch_text(r), _rel_text(r)])
         else:
-            lines.append([r["case"], route, status, mism, rel])
+            lines.append([label, route, status, _mismatch_text(r), _rel_text(r)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
-    out = ["  ".join(str(x).ljust(w) for x, w in zip(head, widths, strict=True))]
+    out = ["  ".join(str(x).ljust(w) for x, w in zip(head, widths, strict=True)).rstrip()]
     out.append("  ".join("-" * w for w in widths))
     for line in lines:
-        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
+        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
+    legend = ("mismatch: share of elements outside the runner's tolerance (it fails above 5%); "
+              "relL2: error against float64 attention, %bound: as a share of the route's bound")
+    out.extend(textwrap.wrap(legend, REPORT_COLUMNS))
+    if timed:
+        out.extend(textwrap.wrap(
+            "times in us: mean +- standard error of the timed calls (--wide: and the best); ref: "
+            "reference.ref_kernel timed the same way; GB/s: the bytes the route reads and writes "
+            "over the mean, %copy: as a share of the measured copy bandwidth", REPORT_COLUMNS))
     for r in rows:
         if r["problems"]:
             out.append(f"FAIL {r['case']}: " + "; ".join(r["problems"]))
@@ -636,6 +730,155 @@ def format_table(rows, mode: str, copy_bw=None) -> str:
         out.append(f"* route declares no rel_l2_bound in ROUTE_INFO: default "
                    f"{DEFAULT_REL_L2_BOUND} used")
     return "\n".join(out)
+
+
+def summarise(rows, total: int, elapsed_s: float) -> dict:
+    """Cases passed out of ``total``, the case closest to its accuracy bound, elapsed time."""
+    passed = sum(1 for r in rows if r["ok"])
+    worst = None
+    for r in rows:
+        frac = fraction_of_bound(r)
+        if frac is not None and (worst is None or frac > fraction_of_bound(worst)):
+            worst = r
+    out = {"cases": total, "passed": passed, "ran": len(rows), "elapsed_s": elapsed_s,
+           "worst_case": None, "worst_fraction_of_bound": None}
+    if worst is not None:
+        out["worst_case"] = worst["case"]
+        out["worst_fraction_of_bound"] = fraction_of_bound(worst)
+        out["worst_rel_l2"] = worst["rel_l2"]
+        out["worst_rel_l2_bound"] = worst["rel_l2_bound"]
+    return out
+
+
+def format_summary(summary: dict, verdict: str) -> str:
+    """The closing lines: ``check: pass|fail``, cases passed out of all, the elapsed time; then
+    the case closest to its accuracy bound and the headroom left to that bound."""
+    text = f"check: {verdict}: {summary['passed']} of {summary['cases']} cases passed"
+    if summary["ran"] < summary["cases"]:
+        text += f" ({summary['cases'] - summary['ran']} not run)"
+    lines = [text + f" in {summary['elapsed_s']:.1f} s"]
+    frac = summary.get("worst_fraction_of_bound")
+    if frac is not None:
+        left = (f"headroom {100 * (1 - frac):.0f}%" if frac <= 1
+                else f"over the bound by {100 * (frac - 1):.0f}%")
+        lines.append(f"closest to its bound: {summary['worst_case']}: rel. L2 "
+                     f"{summary['worst_rel_l2']:.4f} = {100 * frac:.0f}% of "
+                     f"{summary['worst_rel_l2_bound']:.3g} ({left})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing with an earlier run, and the chart
+
+
+def read_earlier(path: str) -> dict:
+    """An earlier ``--json`` file of a timed run; ValueError with a readable reason otherwise."""
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("cases"), list):
+        raise ValueError(f"{path} is not an eval.py --json file (no 'cases' list)")
+    if not any(isinstance(r, dict) and r.get("stats") for r in earlier["cases"]):
+        raise ValueError(f"{path} holds no timings (a test-mode run, or an untimed CPU run)")
+    return earlier
+
+
+def compare_rows(rows, earlier: dict) -> list:
+    """Per case of this run: its mean over the earlier run's mean of the same shape, and whether
+    the two means lie outside both runs' own spread: the difference exceeds each run's standard
+    deviation of single calls (a difference inside either run's spread is not told apart from
+    noise)."""
+    before = {}
+    for r in earlier["cases"]:
+        if isinstance(r, dict) and r.get("stats") and isinstance(r.get("args"), dict):
+            before.setdefault(_shape_key(r["args"]), r)
+    out = []
+    for r in rows:
+        st = r.get("stats")
+        old = before.get(_shape_key(r.get("args") or {}))
+        entry = {"case": r["case"], "label": r.get("label") or r["case"], "now": st,
+                 "before": old["stats"] if old else None, "ratio": None, "verdict": "no earlier case"}
+        if st and old:
+            ost = old["stats"]
+            entry["ratio"] = st["mean"] / ost["mean"] if ost["mean"] > 0 else None
+            diff = abs(st["mean"] - ost["mean"])
+            outside = diff > st["std"] and diff > ost["std"]
+            entry["outside_spread"] = outside
+            if not outside:
+                entry["verdict"] = "within the spread"
+            else:
+                entry["verdict"] = "faster" if st["mean"] < ost["mean"] else "slower"
+        elif not st:
+            entry["verdict"] = "not timed now"
+        out.append(entry)
+    return out
+
+
+def format_compare(entries, earlier: dict, path: str) -> str:
+    head = ["case", "now us", "before us", "now/before", "outside both spreads?"]
+    lines = []
+    for e in entries:
+        now, old = e["now"], e["before"]
+        lines.append([e["label"],
+                      f"{now['mean'] / 1e3:.1f}+-{now['std'] / 1e3:.1f}" if now else "-",
+                      f"{old['mean'] / 1e3:.1f}+-{old['std'] / 1e3:.1f}" if old else "-",
+                      f"{e['ratio']:.3f}x" if e.get("ratio") else "-",
+                      {"faster": "yes: faster", "slower": "yes: SLOWER"}.get(e["verdict"],
+                                                                          e["verdict"])])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
+    out = [f"compared with {path} ({earlier.get('device_name', '?')}, "
+           f"flush {earlier.get('l2_flush', '?')}): mean +- standard deviation of single calls"]
+    out.append("  ".join(str(x).ljust(w) for x, w in zip(head, widths, strict=True)).rstrip())
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+            for line in lines]
+    ratios = [e["ratio"] for e in entries if e.get("ratio")]
+    if ratios:
+        import utils
+
+        out.append(f"geometric mean of now/before over {len(ratios)} cases: "
+                   f"{utils.geomean(ratios):.3f}x")
+    return "\n".join(out)
+
+
+def write_chart(path: str, rows, title: str, entries=None) -> None:
+    """A bar chart of each case's mean (with its standard error), the reference's, and the earlier
+    run's when comparing: a PNG (or any format matplotlib's Agg backend writes) at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r.get("stats")]
+    labels = [r.get("label") or r["case"] for r in timed]
+    series = [("this run" if entries else "submission", [r["stats"]["mean"] / 1e3 for r in timed],
+               [r["stats"]["err"] / 1e3 for r in timed])]
+    if entries:
+        by_case = {e["case"]: e for e in entries}
+        olds = [by_case.get(r["case"], {}).get("before") for r in timed]
+        series.append(("earlier run", [o["mean"] / 1e3 if o else float("nan") for o in olds],
+                       [o["err"] / 1e3 if o else 0.0 for o in olds]))
+    if all(r.get("ref_stats") for r in timed):
+        series.append(("reference", [r["ref_stats"]["mean"] / 1e3 for r in timed],
+                       [r["ref_stats"]["err"] / 1e3 for r in timed]))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(timed) + 2), 4.5))
+    width = 0.8 / len(series)
+    for i, (name, values, errs) in enumerate(series):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(timed))]
+        ax.bar(xs, values, width, yerr=errs, label=name, capsize=2)
+    ax.set_xticks(range(len(timed)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("mean time per call (us, log scale)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _default_spec(mode: str, on_gpu: bool) -> str:
@@ -650,23 +893,25 @@ def _progress_bar(total: int, desc: str):
         from tqdm import tqdm
     except ImportError:  # tqdm is optional
         return None
-    # disable=None: no bar when stderr is not a terminal; delay: only runs longer than 3 s
-    return tqdm(total=total, desc=desc, unit="case", delay=3.0, file=sys.stderr,
+    # disable=None: no bar when stderr is not a terminal (logs, pipes); leave=False: the bar goes
+    # once the table is printed
+    return tqdm(total=total, desc=desc, unit="case", delay=0.5, file=sys.stderr,
                 leave=False, dynamic_ncols=True, disable=None)
 
 
 def human_rows(executor, cases, submission: str, case_opts: dict) -> list:
-    """Each case's human_case row, run by ``executor`` (InProcess or SpawnedWorker); leaderboard
-    mode stops at the first failing case, as the runner."""
+    """Each case's human_case row, run by ``executor`` (InProcess or SpawnedWorker), with a
+    progress bar on stderr; leaderboard mode stops at the first failing case, as the runner."""
     rows = []
     bar = _progress_bar(len(cases), case_opts["mode"])
     for case in cases:
         if bar is not None:
-            bar.set_postfix_str(_label(case.args), refresh=False)
+            bar.set_postfix_str(_short_label(case.args), refresh=True)
         res = executor.run({"kind": "human", "submission": submission, "args": case.args,
                             "options": dict(case_opts, spec=case.spec)})
         if "case" not in res:  # the job itself failed (e.g. the submission does not import)
-            res = {"case": _label(case.args), "spec": case.spec, "ok": False,
+            res = {"case": _label(case.args), "label": _short_label(case.args),
+                   "spec": case.spec, "args": dict(case.args), "ok": False,
                    "problems": [_one_line(res.get("message", "worker failed"))]}
         rows.append(res)
         if bar is not None:
@@ -678,16 +923,87 @@ def human_rows(executor, cases, submission: str, case_opts: dict) -> list:
     return rows
 
 
+def next_command(opts, *, passed: bool, on_gpu: bool, timed: bool) -> str:
+    """The last line of the report: the next useful command."""
+    mode = opts.mode
+    if not passed:
+        return (f"next: fix the FAIL lines above and run python eval.py {mode} --strict again "
+                "(--json PATH keeps every detail)")
+    if mode == "test":
+        if on_gpu:
+            return "next: time it: python eval.py benchmark --strict --json before.json"
+        return ("next: make test (the whole suite here), or eval.py on a GPU to time it "
+                "(python eval.py benchmark)")
+    if mode in ("benchmark", "leaderboard") and not timed:
+        return ("next: time it on a GPU (python eval.py benchmark), or add --cpu-timing here "
+                "(CPU times mean nothing)")
+    if mode in ("benchmark", "leaderboard"):
+        if opts.compare and not opts.chart:
+            return f"next: draw it: python eval.py {mode} --compare {opts.compare} --chart chart.png"
+        if opts.compare:
+            return ("next: make tune tunes the route tables on this GPU; compare again with "
+                    f"--compare {opts.compare}")
+        if opts.json:
+            return f"next: after a change, python eval.py {mode} --compare {_shown_path(opts.json)}"
+        return (f"next: keep a run (python eval.py {mode} --json before.json); after a change, "
+                "--compare before.json shows what moved")
+    return "next: python eval.py test --strict"
+
+
+def _shown_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return os.path.abspath(path) if rel.startswith("..") else rel
+
+
 def human_main(opts) -> int:
     import utils
 
+    started = time.perf_counter()
     utils.prepare_environment()
     import reference
     import torch
     import triton
 
-    device = utils.get_device(opts.device)
+    try:
+        device = utils.get_device(opts.device)
+    except RuntimeError:
+        print(f"eval.py: --device {opts.device}: expected cpu, cuda or cuda:N", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    if device.type not in ("cpu", "cuda"):
+        print(f"eval.py: --device {opts.device}: expected cpu or cuda", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"eval.py: --device {opts.device}: torch sees no CUDA or ROCm GPU here "
+              f"(torch {torch.__version__}); leave --device out to run on the CPU",
+              file=sys.stderr)
+        return EXIT_BAD_ARGS
     on_gpu = device.type == "cuda"
+    benchmarking = opts.mode in ("benchmark", "leaderboard")
+    timed = benchmarking and (on_gpu or opts.cpu_timing)
+    if (opts.compare or opts.chart) and not timed:
+        flag = "--compare" if opts.compare else "--chart"
+        print(f"eval.py: {flag} needs timings: "
+              + ("benchmark or leaderboard mode" if not benchmarking
+                 else "on a machine without a GPU add --cpu-timing"), file=sys.stderr)
+        return EXIT_BAD_ARGS
+    earlier = None
+    if opts.compare:
+        try:
+            earlier = read_earlier(opts.compare)
+        except ValueError as exc:
+            print(f"eval.py: --compare: {exc}", file=sys.stderr)
+            return EXIT_BAD_ARGS
+    if opts.chart:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("eval.py: --chart needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return EXIT_BAD_ARGS
+        chart_dir = os.path.dirname(os.path.abspath(opts.chart))
+        if not os.path.isdir(chart_dir):
+            print(f"eval.py: --chart: no directory {chart_dir}", file=sys.stderr)
+            return EXIT_BAD_ARGS
     spec_path = opts.spec or _default_spec(opts.mode, on_gpu)
     if not os.path.exists(spec_path):
         print(f"eval.py: spec file {spec_path} not found", file=sys.stderr)
@@ -712,10 +1028,10 @@ def human_main(opts) -> int:
         max_repeats = ref_max_repeats = opts.repeats
     case_opts = {"mode": opts.mode, "strict": opts.strict, "l2_flush": opts.l2_flush,
                  "device": str(device), "max_repeats": max_repeats, "max_time_ns": max_time_ns,
-                 "ref_max_repeats": ref_max_repeats,
+                 "ref_max_repeats": ref_max_repeats, "timed": timed,
                  "ref_max_time_ns": REF_MAX_TIME_NS if on_gpu else CPU_MAX_TIME_NS}
 
-    print(f"eval.py {opts.mode} {os.path.relpath(spec_path)} | device: {utils.device_name(device)}"
+    print(f"eval.py {opts.mode} {_shown_path(spec_path)} | device: {utils.device_name(device)}"
           f" | torch {torch.__version__} | triton {triton.__version__}"
           f" | aiter: {'yes' if reference.HAVE_AITER else 'no'}"
           f" | {'strict' if opts.strict else 'loose (runner) check only'}"
@@ -723,14 +1039,18 @@ def human_main(opts) -> int:
     print(f"submission: {submission}")
     if not on_gpu:
         print(CPU_NOTE)
+    if benchmarking and not timed:
+        print("timing skipped: no GPU here, so the cases are only checked (--cpu-timing times "
+              "them anyway)")
     copy_bw = None
-    if opts.mode in ("benchmark", "leaderboard"):
+    if timed:
         copy_bw = utils.copy_bandwidth(device)
         flush_text = {"default": f"{utils.default_flush_bytes(device) >> 20} MiB buffer zeroed",
                       "runner": "runner's 16000x1024x1024 float32 randn (62.5 GiB)",
                       "none": "none"}[opts.l2_flush if on_gpu else "none"]
         print(f"copy bandwidth: {copy_bw:.0f} GB/s (device-to-device copy, read + write); "
               f"L2 flush before each timed call: {flush_text}")
+    sys.stdout.flush()
 
     if opts.spawn:
         executor = SpawnedWorker()
@@ -742,7 +1062,7 @@ def human_main(opts) -> int:
                   file=sys.stderr)
             return EXIT_FAIL
     with executor:
-        if opts.mode in ("benchmark", "leaderboard") and cases:  # warm-up, not reported
+        if timed and cases:  # warm-up, not reported
             executor.run(warmup_job(submission, cases[0].args, flush_mode="none",
                                     max_repeats=min(WARMUP_MAX_REPEATS, max_repeats),
                                     device=str(device)))
@@ -757,10 +1077,11 @@ def human_main(opts) -> int:
                 r["gbs"] = r["bytes"] / st["mean"]
                 if copy_bw:
                     r["fraction_of_copy_bw"] = r["gbs"] / copy_bw
-    print(format_table(rows, opts.mode, copy_bw))
+        r["fraction_of_bound"] = fraction_of_bound(r)
+    print(format_table(rows, opts.mode, copy_bw, wide=opts.wide, timed=timed))
     passed = all(r["ok"] for r in rows) and len(rows) == len(cases)
     summary = {}
-    if opts.mode in ("benchmark", "leaderboard"):
+    if timed:
         means = [r["stats"]["mean"] for r in rows if r.get("stats")]
         refs = [r["ref_stats"]["mean"] for r in rows if r.get("ref_stats")]
         if means and len(means) == len(rows):
@@ -779,7 +1100,18 @@ def human_main(opts) -> int:
         for r in rows:
             if r.get("report"):
                 print(f"\n=== profile {r['case']} ===\n{r['report']}")
-    print(f"check: {'pass' if passed else 'fail'}")
+    entries = None
+    if earlier is not None:
+        entries = compare_rows(rows, earlier)
+        print(format_compare(entries, earlier, opts.compare))
+    if opts.chart:
+        title = (f"eval.py {opts.mode} {os.path.basename(spec_path)} on {utils.device_name(device)}"
+                 f", flush {opts.l2_flush if on_gpu else 'none'}")
+        write_chart(opts.chart, rows, title, entries)
+        print(f"chart: {opts.chart}")
+    elapsed = time.perf_counter() - started
+    totals = summarise(rows, len(cases), elapsed)
+    print(format_summary(totals, "pass" if passed else "fail"))
     if opts.json:
         payload = {
             "mode": opts.mode, "spec_file": spec_path, "submission": submission,
@@ -787,9 +1119,13 @@ def human_main(opts) -> int:
             "torch": torch.__version__, "triton": triton.__version__,
             "have_aiter": reference.HAVE_AITER, "strict": bool(opts.strict),
             "l2_flush": opts.l2_flush if on_gpu else "none", "copy_bandwidth_gbs": copy_bw,
-            "cpu_times_meaningless": not on_gpu, "cases": rows, "passed": passed, **summary}
+            "timed": timed, "cpu_times_meaningless": not on_gpu, "cases": rows,
+            "passed": passed, "summary": totals, **summary}
+        if entries is not None:
+            payload["compare"] = {"earlier": opts.compare, "cases": entries}
         with open(opts.json, "w") as f:
             json.dump(payload, f, indent=2, default=str)
+    print(next_command(opts, passed=passed, on_gpu=on_gpu, timed=timed))
     return EXIT_OK if passed else EXIT_FAIL
 
 
@@ -817,6 +1153,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spawn", action="store_true",
                    help="run the cases in one spawned worker process, as the runner")
     p.add_argument("--device", default=None, help="cpu or cuda (default: the GPU if any)")
+    p.add_argument("--wide", action="store_true",
+                   help="show each route's full label (its parameters) in the table")
+    p.add_argument("--cpu-timing", action="store_true",
+                   help="time the cases on a machine without a GPU too (the times mean nothing)")
+    p.add_argument("--compare", default=None, metavar="EARLIER.json",
+                   help="benchmark/leaderboard: per case, the ratio to an earlier --json run and "
+                        "whether it lies outside both runs' spread")
+    p.add_argument("--chart", default=None, metavar="PATH",
+                   help="benchmark/leaderboard: draw the times as a bar chart (PNG) at PATH")
     p.add_argument("--popcorn", action="store_true",
                    help="runner mode: requires POPCORN_FD (exit 111 without it)")
     return p
@@ -833,7 +1178,7 @@ def _parse(argv):
         raise _ArgError(message)
 
     parser.error = error
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # options may come before or after SPEC
 
 
 def main(argv=None) -> int:

@@ -13,6 +13,7 @@
 - ``attention_float64``, ``rel_l2_error``, ``mismatch_ratio``: the strict accuracy tools.
 """
 import math
+import operator
 import sys
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -251,6 +252,20 @@ def _make_config(batchsize: int, qseqlen: int, kv_seq_len: int) -> dict:
     }
 
 
+def _whole(field: str, value, least: Optional[int]) -> int:
+    """``value`` as an int (anything with ``__index__``: int, a NumPy or 1-element torch integer),
+    or a ValueError naming ``field``: not an integer, or below ``least``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except (TypeError, RuntimeError):
+        raise ValueError(f"{field} must be an integer, got {value!r}") from None
+    if least is not None and number < least:
+        raise ValueError(f"{field} must be >= {least}, got {number}")
+    return number
+
+
 def generate_input(batchsize: int, qseqlen: int, kvseqlen: int, seed: int, *,
                    kv_lens: Optional[Sequence[int]] = None,
                    device: Union[None, str, torch.device] = None) -> input_t:
@@ -258,16 +273,25 @@ def generate_input(batchsize: int, qseqlen: int, kvseqlen: int, seed: int, *,
     16, 576) bf16, then kv = randn (total_kv, 1, 576) bf16, then fp8 and mxfp4 from that kv.
 
     ``kv_lens`` (optional): per-batch KV lengths for variable-length tests; then kv_indptr is their
-    prefix sum and config["kv_seq_len"] is the longest. ``device``: default the GPU when there is
-    one, else the CPU (CPU and GPU random streams differ)."""
-    device = get_device(device)
-    batchsize, qseqlen, kvseqlen, seed = int(batchsize), int(qseqlen), int(kvseqlen), int(seed)
+    prefix sum, config["kv_seq_len"] is the longest and ``kvseqlen`` is not used. Sizes must be
+    integers >= 1 (batchsize, qseqlen, kvseqlen; kv_lens: one entry >= 0 per batch, not all 0) and
+    the seed an integer: anything else is a ValueError naming the field, before any tensor is made.
+    ``device``: default the GPU when there is one, else the CPU (CPU and GPU random streams
+    differ)."""
+    batchsize, qseqlen, seed = (_whole("batchsize", batchsize, 1), _whole("qseqlen", qseqlen, 1),
+                                _whole("seed", seed, None))
     if kv_lens is None:
-        lens = [kvseqlen] * batchsize
+        lens = [_whole("kvseqlen", kvseqlen, 1)] * batchsize
     else:
-        lens = [int(n) for n in kv_lens]
-        if len(lens) != batchsize or any(n < 0 for n in lens):
-            raise ValueError(f"kv_lens needs {batchsize} non-negative lengths, got {kv_lens}")
+        if isinstance(kv_lens, (str, bytes)) or not hasattr(kv_lens, "__len__"):
+            raise ValueError(f"kv_lens must be a sequence of lengths, got {kv_lens!r}")
+        lens = [_whole("kv_lens", n, 0) for n in kv_lens]  # an empty row is decode too
+        if len(lens) != batchsize:
+            raise ValueError(f"kv_lens needs one length per batch (batchsize {batchsize}), got "
+                             f"{len(lens)}: {list(kv_lens)}")
+        if sum(lens) < 1:
+            raise ValueError(f"kv_lens {list(kv_lens)} holds no KV row: the cache must not be empty")
+    device = get_device(device)
     total_q = batchsize * qseqlen
     total_kv = sum(lens)
 
@@ -283,10 +307,9 @@ def generate_input(batchsize: int, qseqlen: int, kvseqlen: int, seed: int, *,
 
     qo_indptr = (torch.arange(batchsize + 1, dtype=torch.int32) * qseqlen).to(device)
     kv_indptr = torch.zeros(batchsize + 1, dtype=torch.int32)
-    if batchsize:
-        kv_indptr[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0).to(torch.int32)
+    kv_indptr[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0).to(torch.int32)
     kv_indptr = kv_indptr.to(device)
-    config = _make_config(batchsize, qseqlen, max(lens) if lens else 0)
+    config = _make_config(batchsize, qseqlen, max(lens))
     return q, kv_data, qo_indptr, kv_indptr, config
 
 
@@ -380,9 +403,9 @@ AITER_KV_GRANULARITY = 16
 
 
 def ref_kernel_aiter(data: input_t) -> output_t:
-    """The runner's reference on MI355X, call for call (runner.md section 4): q quantised with
-    quantize_fp8, aiter's persistent a8w8 MLA decode over the fp8 cache with page size 1, 32 KV
-    splits, intra-batch mode, and the work plan from get_mla_metadata_v1."""
+    """The runner's reference on MI355X, call for call (docs/runner.md, "The reference and the
+    check"): q quantised with quantize_fp8, aiter's persistent a8w8 MLA decode over the fp8 cache
+    with page size 1, 32 KV splits, intra-batch mode, and the work plan from get_mla_metadata_v1."""
     import aiter
     from aiter.mla import mla_decode_fwd
 

@@ -2605,7 +2605,7 @@ def race_child_main():
     fp8_dtype = getattr(torch, job["fp8_dtype"])
     options = job.get("options") or {}
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    raised = {}  # candidate_kernel -> "raised@BxK" of kernels that raised here
+    raised = {}  # candidate_kernel -> (shape, "raised@BxK") of kernels that raised here
     _report(ready=True)
     for row in job["rows"]:
         batch, kv_len = row["shape"]
@@ -2617,13 +2617,13 @@ def race_child_main():
             inputs.append((data, RaceTruth(data)))
         for index, candidate in row["candidates"]:
             kernel = candidate_kernel(candidate)
-            if kernel in raised:
-                _report(end=[row["shape"], index], **_failure(raised[kernel], "its kernel raised in an earlier row"))
+            if kernel in raised and raised[kernel][0] != row["shape"]:
+                _report(end=[row["shape"], index], **_failure(raised[kernel][1], "its kernel raised in an earlier row"))
                 continue
             _report(start=[row["shape"], index])
             result = race_measure(candidate, inputs, batch * kv_len, options)
             if result.get("why", "").startswith("raised"):
-                raised[kernel] = f"raised@{batch}x{kv_len}"
+                raised.setdefault(kernel, (row["shape"], f"raised@{batch}x{kv_len}"))
             if "why" in result and device == "cuda":
                 try:  # a fault that poisons the GPU context fails every later candidate: end here
                     torch.cuda.synchronize()
@@ -2781,7 +2781,7 @@ def _death(proc, fatal):
 
 class _Measuring:
     """The results of one run_measuring: results by (shape, index), and the kernels that failed
-    (candidate_kernel -> "died@BxK" etc.: not started again in a later row)."""
+    (candidate_kernel -> (shape, "died@BxK" etc.): not started again in a later row)."""
 
     def __init__(self, job_rows, on_result):
         self.candidates = {(shape, i): c for shape, cands in job_rows for i, c in cands}
@@ -2790,20 +2790,19 @@ class _Measuring:
     def record(self, key, result):
         self.results[key] = result
         kind = result.get("why", "").split(" ")[0].split("@")[0]
-        if kind in RACE_FAILURES:
-            why = result["why"]
-            self.failed.setdefault(candidate_kernel(self.candidates[key]),
-                                   why if "@" in why else f"{kind}@{key[0][0]}x{key[0][1]}")
+        if kind in RACE_FAILURES and "@" not in result["why"]:
+            self.failed.setdefault(candidate_kernel(self.candidates[key]), (key[0], f"{kind}@{key[0][0]}x{key[0][1]}"))
         if self.on_result is not None:
             self.on_result(key[0], key[1], result)
 
     def known_failure(self, key):
-        """Record the candidate at key as failed without starting it when its kernel failed before."""
-        failed = self.failed.get(candidate_kernel(self.candidates[key]))
-        if failed is not None:
-            self.record(key, _failure(failed, f"its kernel {failed.replace('@', ' in bs=').replace('x', ' kv=', 1)}"
-                                              "; not started again"))
-        return failed is not None
+        """Record the candidate at key as failed, without starting it, when its kernel failed in
+        another row."""
+        shape, failed = self.failed.get(candidate_kernel(self.candidates[key]), (key[0], None))
+        if shape != key[0]:
+            self.record(key, _failure(failed, f"its kernel {failed.split('@')[0]} in bs={shape[0]} kv={shape[1]}; "
+                                              "not started again"))
+        return shape != key[0]
 
     def rest(self, job_rows):
         """The rows and candidates still to measure (known failures recorded on the way)."""
@@ -2851,7 +2850,7 @@ def _measuring_process(rows, fp8_dtype, options, measuring, deadline):
                                 env=dict(os.environ, **{RACE_CHILD_ENV: "1"}))
     except OSError as exc:
         log.close()
-        return f"no process ({type(exc).__name__}): the first candidate runs"
+        return f"no process ({type(exc).__name__})"
     try:
         proc.stdin.write(job)
         proc.stdin.close()
@@ -2896,7 +2895,7 @@ def _follow(proc, rows, options, measuring, deadline):
     else:
         why, detail = _death(proc, fatal)
     if not ready:
-        return f"no process ({detail}): the first candidate runs"
+        return f"no process ({detail})"
     if current is not None:
         measuring.record(current, _failure(why, detail))
     elif shape is not None:  # the row's inputs or truth: no candidate of it can be measured here

@@ -333,13 +333,21 @@ class TestCase:
 
 
 _INT = re.compile(r"^[+-]?\d+$")
+_INT_LIST = re.compile(r"^[+-]?\d+(?:\s*[,\s]\s*[+-]?\d+)+$")
+
+# Fields of a case that are sizes (at least 1), and the field that lists per-batch KV lengths.
+SIZE_FIELDS = ("batchsize", "qseqlen", "kvseqlen")
+KV_LENS_FIELD = "kv_lens"
 
 
 def parse_value(text: str):
-    """ints stay ints, true/false become bools, anything else stays a (stripped) string."""
+    """ints stay ints; several ints separated by spaces or commas (``1 7 20``, ``1,7,20``) become a
+    list of ints; true/false become bools; anything else stays a (stripped) string."""
     text = text.strip()
     if _INT.match(text):
         return int(text)
+    if _INT_LIST.match(text):
+        return [int(x) for x in re.split(r"[,\s]+", text)]
     if text.lower() == "true":
         return True
     if text.lower() == "false":
@@ -347,8 +355,45 @@ def parse_value(text: str):
     return text
 
 
+def check_case_args(args: Dict[str, object], where: str = "") -> Dict[str, object]:
+    """Refuse a case that ``reference.generate_input`` cannot make, naming the field.
+
+    Sizes (batchsize, qseqlen, kvseqlen) must be integers >= 1; ``kv_lens`` (ragged lengths) must
+    be integers >= 1, one per batch; ``seed`` an integer. With ``kv_lens`` and no ``kvseqlen``,
+    kvseqlen becomes the longest length (generate_input takes it, and ignores it given kv_lens).
+    Fields this function does not know pass unchanged. Returns ``args``; ``where`` (e.g. the spec
+    line) is added to the message."""
+    suffix = f" in {where}" if where else ""
+    for field in SIZE_FIELDS:
+        if field in args:
+            value = args[field]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{field} must be an integer >= 1, got {value!r}{suffix}")
+            if value < 1:
+                raise ValueError(f"{field} must be >= 1, got {value}{suffix}")
+    if "seed" in args and (isinstance(args["seed"], bool) or not isinstance(args["seed"], int)):
+        raise ValueError(f"seed must be an integer, got {args['seed']!r}{suffix}")
+    if KV_LENS_FIELD in args:
+        lens = args[KV_LENS_FIELD]
+        if isinstance(lens, int) and not isinstance(lens, bool):
+            lens = [lens]
+        if not isinstance(lens, (list, tuple)) or not all(
+                isinstance(n, int) and not isinstance(n, bool) for n in lens):
+            raise ValueError(f"kv_lens must be integers separated by spaces, got {lens!r}{suffix}")
+        bad = [n for n in lens if n < 1]
+        if bad:
+            raise ValueError(f"kv_lens must all be >= 1, got {bad[0]} in {list(lens)}{suffix}")
+        if "batchsize" in args and len(lens) != args["batchsize"]:
+            raise ValueError(f"kv_lens needs one length per batch (batchsize {args['batchsize']}), "
+                             f"got {len(lens)}{suffix}")
+        args[KV_LENS_FIELD] = list(lens)
+        args.setdefault("kvseqlen", max(lens))
+    return args
+
+
 def parse_spec_line(line: str) -> Dict[str, object]:
-    """``"batchsize: 4; qseqlen: 1"`` -> ``{"batchsize": 4, "qseqlen": 1}``."""
+    """``"batchsize: 4; qseqlen: 1"`` -> ``{"batchsize": 4, "qseqlen": 1}``; ragged lengths as
+    ``kv_lens: 1 7 20``. Sizes are checked (``check_case_args``): a ValueError names the field."""
     args: Dict[str, object] = {}
     for part in line.split(";"):
         part = part.strip()
@@ -361,7 +406,7 @@ def parse_spec_line(line: str) -> Dict[str, object]:
         if not key:
             raise ValueError(f"empty key in spec line {line!r}")
         args[key] = parse_value(value)
-    return args
+    return check_case_args(args, f"line {line!r}")
 
 
 BENCHMARK_SPEC = os.path.join(REPO_DIR, "specs", "benchmarks.txt")
@@ -375,14 +420,22 @@ def benchmark_shapes(path: str = BENCHMARK_SPEC) -> List[tuple]:
 
 def read_spec_file(path: str, secret_seed: Optional[int] = None) -> List[TestCase]:
     """All cases of a spec file (blank lines and lines starting with '#' are skipped). With
-    ``secret_seed`` every case's seed becomes ``combine_seed(seed, secret_seed)``."""
+    ``secret_seed`` every case's seed becomes ``combine_seed(seed, secret_seed)``.
+
+    The one reader of spec files for eval.py, tune.py and bench/: each case's ``args`` are
+    ``generate_input``'s keyword arguments (``batchsize``, ``qseqlen``, ``kvseqlen``, ``seed``,
+    and ``kv_lens`` for ragged lengths). A bad line raises ValueError naming the file, the line
+    number and the field."""
     cases = []
     with open(path) as f:
-        for raw in f:
+        for number, raw in enumerate(f, 1):
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
-            args = parse_spec_line(line)
+            try:
+                args = parse_spec_line(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
             if secret_seed is not None and "seed" in args:
                 args["seed"] = combine_seed(args["seed"], secret_seed)
             cases.append(TestCase(args=args, spec=line))

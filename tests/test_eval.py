@@ -122,6 +122,33 @@ def custom_kernel(data):
     return reference.ref_kernel(data)
 '''
 
+# Declares route_label and LAST_CANDIDATE as submission.py does, with a long parameter set: the
+# report must show the short label by default and the full one with --wide.
+LABELLED = '''
+import json
+import reference
+
+ROUTE_INFO = {"aiter_a16w8_persistent": {"kv_format": "fp8", "rel_l2_bound": 0.05}}
+PARAMS = {"num_splits": 16, "num_warps": 4, "num_stages": 2, "block_n": 64, "page_size": 1,
+          "q_scale": "program", "padding": "x" * 60}
+LAST_CANDIDATE = None
+LAST_ROUTE = None
+
+
+def route_label(candidate, short=False):
+    params = candidate["params"]
+    if short:
+        return candidate["route"] + (f" s{params['num_splits']}" if "num_splits" in params else "")
+    return candidate["route"] + " " + json.dumps(params, separators=(",", ":"))
+
+
+def custom_kernel(data):
+    global LAST_CANDIDATE, LAST_ROUTE
+    LAST_CANDIDATE = {"route": "aiter_a16w8_persistent", "params": dict(PARAMS)}
+    LAST_ROUTE = route_label(LAST_CANDIDATE)
+    return reference.ref_kernel(data)
+'''
+
 SPEC3 = ("batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 5\n"
          "batchsize: 2; qseqlen: 1; kvseqlen: 45; seed: 6\n"
          "batchsize: 1; qseqlen: 1; kvseqlen: 20; seed: 7\n")
@@ -139,7 +166,8 @@ def subs(tmp_path_factory):
     root = tmp_path_factory.mktemp("subs")
     paths = {}
     for name, text in [("picky", PICKY), ("zeros", ZEROS), ("bare", BARE), ("cached", CACHED),
-                       ("nan", ONE_NAN), ("counting", COUNTING), ("dies", DIES)]:
+                       ("nan", ONE_NAN), ("counting", COUNTING), ("dies", DIES),
+                       ("labelled", LABELLED)]:
         d = root / name
         d.mkdir()
         (d / "submission.py").write_text(textwrap.dedent(text))
@@ -459,8 +487,8 @@ def test_human_benchmark_table_and_json(subs, tmp_path, no_popcorn, capsys):
     spec = write_spec(tmp_path, "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 1\n"
                                 "batchsize: 2; qseqlen: 1; kvseqlen: 20; seed: 2\n")
     rc, js = human(["benchmark", spec, "--submission", subs["picky"], "--strict",
-                    "--repeats", "3"], tmp_path)
-    assert rc == 0
+                    "--repeats", "3", "--cpu-timing"], tmp_path)
+    assert rc == 0 and js["timed"]
     assert js["copy_bandwidth_gbs"] > 0 and js["cpu_times_meaningless"] is not ON_GPU
     assert js["device"] == str(utils.get_device())
     for row in js["cases"]:
@@ -472,14 +500,14 @@ def test_human_benchmark_table_and_json(subs, tmp_path, no_popcorn, capsys):
     assert row["fraction_of_copy_bw"] == pytest.approx(row["gbs"] / js["copy_bandwidth_gbs"])
     assert js["geomean_ns"] > 0 and js["ref_geomean_ns"] > 0
     text = capsys.readouterr().out
-    for column in ("route", "mean+-err us", "ref us", "speedup", "GB/s", "%copy",
-                   "mismatch(<=5%)", "relL2 (bound)", "geometric mean of the means"):
+    for column in ("route", "mean+-err us", "ref us", "speedup", "GB/s %copy",
+                   "mismatch", "relL2 %bound", "geometric mean of the means"):
         assert column in text
 
 
 def test_human_leaderboard_stops_at_first_failure(subs, tmp_path, no_popcorn):
     rc, js = human(["leaderboard", subs["spec3"], "--submission", subs["picky"],
-                    "--repeats", "3"], tmp_path)
+                    "--repeats", "3", "--cpu-timing"], tmp_path)
     assert rc == 112
     assert [r["ok"] for r in js["cases"]] == [True, False]
 
@@ -507,3 +535,221 @@ def test_case_bytes_per_format():
     assert ev.case_bytes(data, "fp8") == 20 * 576 + extra
     assert ev.case_bytes(data, "mxfp4") == 20 * 306 + extra
     assert ev.case_bytes(data, None) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The human report: width, labels, summary, next step, compare, chart, exit codes
+
+TWO_CASES = ("batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 1\n"
+             "batchsize: 3; qseqlen: 1; kv_lens: 1 7 20; seed: 2\n")
+
+
+def report_lines(text, tmp_path):
+    """The lines of a human report that must fit the width: all but those naming the caller's
+    paths (the header's spec and submission, the JSON file in the next step)."""
+    return [line for line in text.splitlines()
+            if not line.startswith(("eval.py ", "submission: ")) and str(tmp_path) not in line]
+
+
+def test_report_fits_120_columns_with_short_route_labels_and_wide_shows_them(
+        subs, tmp_path, no_popcorn, capsys):
+    spec = write_spec(tmp_path, TWO_CASES)
+    rc, js = human(["benchmark", spec, "--submission", subs["labelled"], "--strict",
+                    "--repeats", "2", "--cpu-timing"], tmp_path)
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    row = js["cases"][0]
+    assert row["route_short"] == "aiter_a16w8_persistent s16"
+    assert row["route"].startswith('aiter_a16w8_persistent {"num_splits":16')  # JSON: the full label
+    lines = report_lines(text, tmp_path)
+    assert max(len(line) for line in lines) <= 120, max(lines, key=len)
+    assert "aiter_a16w8_persistent s16" in text and '"num_warps"' not in text
+    assert "bs=3 kv=1,7,20" in text  # a ragged case, read from "kv_lens: 1 7 20"
+    human(["test", spec, "--submission", subs["labelled"], "--wide"], tmp_path)
+    assert 'aiter_a16w8_persistent {"num_splits":16,"num_warps":4' in capsys.readouterr().out
+
+
+def test_table_of_the_widest_leaderboard_row_fits_120_columns():
+    row = {"case": "bs=256 kv=8192 seed=9826", "label": "bs=256 kv=8192", "ok": True,
+           "problems": [], "route": "x" * 200, "route_short": "aiter_a16w8_persistent s16",
+           "stats": {"mean": 1459312.0, "err": 12345.0, "best": 1401234.0, "std": 1.0},
+           "ref_stats": {"mean": 14593120.0, "err": 1.0}, "bytes": 10 ** 12,
+           "mismatch": 0.0123, "rel_l2": 0.04421, "rel_l2_bound": 0.06,
+           "rel_l2_bound_declared": True}
+    for mode, timed in (("benchmark", True), ("test", False)):
+        table = ev.format_table([row], mode, 4173.0, timed=timed)
+        assert max(len(line) for line in table.splitlines()) <= 120, table
+        assert "aiter_a16w8_persistent s16" in table and "x" * 50 not in table
+    assert "x" * 200 in ev.format_table([row], "test", wide=True)
+
+
+def test_short_case_labels():
+    assert ev._short_label({"batchsize": 256, "kvseqlen": 8192, "seed": 3}) == "bs=256 kv=8192"
+    lens = list(range(100, 140))
+    text = ev._short_label({"batchsize": 40, "kvseqlen": 139, "kv_lens": lens})
+    assert len(text) <= ev.SHORT_LABEL_CHARS and text.startswith("bs=40 kv=100,") and "(40)" in text
+    assert ev._label({"batchsize": 3, "kvseqlen": 20, "kv_lens": [1, 7, 20], "seed": 2}) == \
+        "bs=3 kv=1,7,20 seed=2"
+
+
+def test_summary_counts_passes_and_names_the_case_closest_to_its_bound(
+        subs, tmp_path, no_popcorn, capsys):
+    spec = write_spec(tmp_path, "batchsize: 2; qseqlen: 1; kvseqlen: 16; seed: 1\n"
+                                "batchsize: 1; qseqlen: 1; kvseqlen: 60; seed: 3\n")
+    rc, js = human(["test", spec, "--submission", subs["picky"], "--strict"], tmp_path)
+    text = capsys.readouterr().out
+    assert rc == 112
+    summary = js["summary"]
+    assert (summary["passed"], summary["cases"]) == (1, 2) and summary["elapsed_s"] > 0
+    # the zeros case (kv 60) has rel. L2 1.0 against a bound of 0.05: 20x its bound
+    assert summary["worst_case"] == "bs=1 kv=60 seed=3"
+    assert summary["worst_fraction_of_bound"] == pytest.approx(20.0, rel=1e-3)
+    assert "check: fail: 1 of 2 cases passed in " in text
+    assert "closest to its bound: bs=1 kv=60 seed=3: rel. L2 1.0000 = 2000% of 0.05" in text
+    assert "over the bound by 1900%" in text
+    assert text.rstrip().splitlines()[-1].startswith("next: fix the FAIL lines above")
+
+
+def test_summary_headroom_and_next_step_of_a_passing_run(subs, tmp_path, no_popcorn, capsys):
+    spec = write_spec(tmp_path, "batchsize: 2; qseqlen: 1; kvseqlen: 16; seed: 1\n")
+    rc, js = human(["test", spec, "--submission", subs["picky"], "--strict"], tmp_path)
+    text = capsys.readouterr().out
+    row = js["cases"][0]
+    assert rc == 0 and row["fraction_of_bound"] == pytest.approx(row["rel_l2"] / 0.05)
+    assert f"headroom {100 * (1 - row['rel_l2'] / 0.05):.0f}%" in text
+    assert "check: pass: 1 of 1 cases passed in " in text
+    last = text.rstrip().splitlines()[-1]
+    assert last.startswith("next: ") and ("benchmark" in last)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU's behaviour")
+def test_cpu_benchmark_checks_but_skips_timing_without_cpu_timing(subs, tmp_path, no_popcorn,
+                                                                  capsys):
+    spec = write_spec(tmp_path, "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 1\n")
+    rc, js = human(["benchmark", spec, "--submission", subs["picky"], "--strict"], tmp_path)
+    text = capsys.readouterr().out
+    assert rc == 0 and not js["timed"] and js["copy_bandwidth_gbs"] is None
+    assert js["cases"][0]["stats"] is None and js["cases"][0]["rel_l2"] is not None
+    assert "timing skipped: no GPU here" in text and "mean+-err" not in text
+    assert "--cpu-timing" in text.rstrip().splitlines()[-1]
+    # a failing case still fails without timing
+    spec = write_spec(tmp_path, "batchsize: 1; qseqlen: 1; kvseqlen: 60; seed: 1\n", "f.txt")
+    rc, _ = human(["benchmark", spec, "--submission", subs["picky"], "--strict"], tmp_path)
+    assert rc == 112
+
+
+def _timed_row(label, mean, std, **args):
+    return {"case": label, "label": label, "args": args, "ok": True, "problems": [],
+            "stats": {"runs": 10, "mean": mean, "std": std, "err": std / 3, "best": mean - std,
+                      "worst": mean + std}}
+
+
+def test_compare_rows_ratio_and_spread():
+    shape = {"batchsize": 4, "qseqlen": 1, "kvseqlen": 1024}
+    other = {"batchsize": 4, "qseqlen": 1, "kvseqlen": 8192}
+    ragged = {"batchsize": 2, "qseqlen": 1, "kvseqlen": 7, "kv_lens": [1, 7]}
+    earlier = {"cases": [_timed_row("a", 10000.0, 100.0, seed=1, **shape),
+                         _timed_row("b", 20000.0, 3000.0, seed=2, **other),
+                         _timed_row("c", 5000.0, 10.0, seed=3, **ragged)]}
+    rows = [_timed_row("a", 9000.0, 100.0, seed=77, **shape),  # seeds differ: matched by shape
+            _timed_row("b", 18000.0, 100.0, seed=2, **other),  # inside the earlier run's spread
+            _timed_row("c", 5500.0, 10.0, seed=3, **ragged),
+            _timed_row("d", 100.0, 1.0, seed=4, batchsize=1, qseqlen=1, kvseqlen=16)]
+    a, b, c, d = ev.compare_rows(rows, earlier)
+    assert a["ratio"] == pytest.approx(0.9) and a["outside_spread"] and a["verdict"] == "faster"
+    assert b["ratio"] == pytest.approx(0.9) and not b["outside_spread"]
+    assert b["verdict"] == "within the spread"
+    assert c["ratio"] == pytest.approx(1.1) and c["verdict"] == "slower"
+    assert d["ratio"] is None and d["verdict"] == "no earlier case"
+    text = ev.format_compare([a, b, c, d], earlier, "before.json")
+    assert "yes: faster" in text and "yes: SLOWER" in text and "within the spread" in text
+    assert "geometric mean of now/before over 3 cases" in text
+
+
+def test_compare_and_chart_end_to_end(subs, tmp_path, no_popcorn, capsys):
+    spec = write_spec(tmp_path, TWO_CASES)
+    first = tmp_path / "before.json"
+    assert ev.main(["benchmark", spec, "--submission", subs["picky"], "--repeats", "2",
+                    "--cpu-timing", "--json", str(first)]) == 0
+    capsys.readouterr()
+    chart = tmp_path / "chart.png"
+    rc, js = human(["benchmark", spec, "--submission", subs["picky"], "--repeats", "2",
+                    "--cpu-timing", "--compare", str(first), "--chart", str(chart)], tmp_path)
+    text = capsys.readouterr().out
+    assert rc == 0
+    entries = js["compare"]["cases"]
+    assert [e["case"] for e in entries] == [r["case"] for r in js["cases"]]
+    assert all(e["ratio"] > 0 and isinstance(e["outside_spread"], bool) for e in entries)
+    assert f"compared with {first}" in text and "now/before" in text
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 5000
+    assert f"chart: {chart}" in text
+
+
+def test_progress_bar_on_a_terminal(subs, monkeypatch):
+    pytest.importorskip("tqdm")
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(ev, "_progress_bar", lambda total, desc: __import__("tqdm").tqdm(
+        total=total, desc=desc, unit="case", file=sys.stderr, disable=None, mininterval=0))
+    rows = ev.human_rows(_Executor(), utils.read_spec_file(_spec_file(subs)), "x",
+                         {"mode": "test"})
+    assert len(rows) == 3
+    assert "test" in err.getvalue() and "3/3" in err.getvalue()
+
+
+def _spec_file(subs):
+    return subs["spec3"]
+
+
+class _Executor:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run(self, job):
+        return {"case": ev._label(job["args"]), "ok": True, "problems": []}
+
+
+def test_human_exit_codes_for_bad_arguments(subs, tmp_path, no_popcorn, capsys):
+    spec = write_spec(tmp_path, "batchsize: 1; qseqlen: 1; kvseqlen: 16; seed: 1\n")
+    sub = ["--submission", subs["picky"]]
+    assert ev.main(["test", spec, *sub, "--compare", spec]) == 2  # not a timed mode
+    assert ev.main(["test", spec, *sub, "--chart", str(tmp_path / "c.png")]) == 2
+    assert ev.main(["benchmark", spec, *sub, "--cpu-timing", "--compare",
+                    str(tmp_path / "missing.json")]) == 2
+    assert ev.main(["benchmark", spec, *sub, "--cpu-timing", "--compare", spec]) == 2  # not JSON
+    untimed = tmp_path / "untimed.json"
+    untimed.write_text(json.dumps({"cases": [{"args": {"batchsize": 1}, "stats": None}]}))
+    assert ev.main(["benchmark", spec, *sub, "--cpu-timing", "--compare", str(untimed)]) == 2
+    assert ev.main(["benchmark", spec, *sub, "--cpu-timing", "--chart",
+                    str(tmp_path / "no" / "dir" / "c.png")]) == 2
+    assert ev.main(["test", spec, *sub, "--device", "tpu-ish"]) == 2
+    for text in ("batchsize: 0; qseqlen: 1; kvseqlen: 16; seed: 1\n",
+                 "batchsize: 2; qseqlen: 1; kvseqlen: -4; seed: 1\n",
+                 "batchsize: 2; qseqlen: 1; kv_lens: 1 0; seed: 1\n",
+                 "batchsize: 2; qseqlen: 1; kv_lens: 1 2 3; seed: 1\n"):
+        assert ev.main(["test", write_spec(tmp_path, text, "bad.txt"), *sub]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "batchsize must be >= 1" in err and "kv_lens" in err and "kvseqlen must be >= 1" in err
+    if not ON_GPU:
+        assert ev.main(["test", spec, *sub, "--device", "cuda"]) == 2
+        assert "sees no CUDA or ROCm GPU" in capsys.readouterr().err
+
+
+def test_device_cuda_without_a_gpu_exits_2_in_a_fresh_process(tmp_path):
+    if ON_GPU:
+        pytest.skip("a GPU is here")
+    env = {k: v for k, v in os.environ.items() if k != "POPCORN_FD"}
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "eval.py"), "test", "--device",
+                           "cuda"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--device cuda" in proc.stderr

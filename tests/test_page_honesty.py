@@ -6,7 +6,8 @@ of each page. These tests show what each check makes of such a row:
 - the runner's loose check (reference.check_implementation: rtol = atol = 0.1, 5% of elements
   allowed) PASSES it: every 2nd row at kv 1024, every 8th at kv 8192;
 - the strict check (eval.py test --strict: relative L2 against float64 attention, within the
-  route's ROUTE_INFO bound) FAILS it, and tune.py's eligibility (tune.judge) rejects it;
+  route's ROUTE_INFO bound) FAILS it, and the one selection policy (the race's race_judge, which
+  tune.py uses too) rejects it;
 - page-1 rows pass both, in the same mode: one row per page is every row;
 - in the double's exact mode the same paged rows pass the strict check too: the failure is the
   reading, not the page maths of the submission.
@@ -44,11 +45,6 @@ def runner():
 
 
 @pytest.fixture(scope="module")
-def tune():
-    return importlib.import_module("tune")
-
-
-@pytest.fixture(scope="module")
 def first_token():
     result = loader.load_submission("2026-03-04", page_mode="first_token")
     assert result.module.HAVE_AITER and result.aiter.page_mode() == "first_token"
@@ -77,6 +73,11 @@ def aiter_table(mod, rows):
         yield
     finally:
         mod.AITER_ROUTE_TABLE = saved
+
+
+def _page_size(mod, label):
+    """The page size a full route label (LAST_ROUTE, eval.py's "route") names; 1 by default."""
+    return mod.parse_route_label(label)["params"].get("page_size", 1)
 
 
 def _args(batch, kv_len, seed):
@@ -142,7 +143,7 @@ def test_a_paged_row_passes_the_loose_check_and_fails_the_strict_one(
     with aiter_table(mod, [paged_row(page_size)]):
         data = reference.generate_input(batch, 1, kv_len, seed, device="cpu")
         out = mod.custom_kernel(reference.clone_data(data))
-        assert f"'page_size': {page_size}" in mod.LAST_ROUTE
+        assert _page_size(mod, mod.LAST_ROUTE) == page_size
         ok, message = reference.check_implementation(data, out)
         assert ok, message  # the runner would accept it
         assert reference.mismatch_ratio(out, reference.ref_kernel(data)) > 0.01
@@ -150,7 +151,7 @@ def test_a_paged_row_passes_the_loose_check_and_fails_the_strict_one(
         row = _strict_case(runner, mod, batch, kv_len, seed)
     assert row["loose_ok"] is True and row["ok"] is False
     assert any(problem.startswith("strict: rel L2") for problem in row["problems"]), row
-    assert f"'page_size': {page_size}" in row["route"]
+    assert _page_size(mod, row["route"]) == page_size
 
 
 @pytest.mark.parametrize("batch,kv_len,seed,page_size", PAGED_CASES, ids=CASE_IDS)
@@ -161,7 +162,7 @@ def test_the_same_paged_row_is_right_when_every_row_is_read(exact, runner, batch
     with aiter_table(mod, [paged_row(page_size)]):
         row = _strict_case(runner, mod, batch, kv_len, seed)
     assert row["ok"] is True and row["loose_ok"] is True, row["problems"]
-    assert f"'page_size': {page_size}" in row["route"]
+    assert _page_size(mod, row["route"]) == page_size
 
 
 @pytest.mark.parametrize("batch,kv_len,seed,page_size", PAGED_CASES, ids=CASE_IDS)
@@ -170,13 +171,17 @@ def test_the_default_table_passes_both_checks_in_first_token_mode(first_token, r
     mod = first_token.module
     row = _strict_case(runner, mod, batch, kv_len, seed)
     assert row["ok"] is True and row["loose_ok"] is True, row["problems"]
-    assert "page_size" not in row["route"] or "'page_size': 1" in row["route"]
+    assert _page_size(mod, row["route"]) == 1
 
 
-def test_every_default_row_is_strictly_right_in_first_token_mode(first_token, reference):
+@pytest.mark.parametrize("generation", ["2026-03-04", "2026-08-10"])  # f3be04a12, e4048607a
+def test_every_default_row_is_strictly_right_in_first_token_mode(reference, generation):
     """Each row of the default table, run on a small shape of its own (8 batches of 1024 rows:
-    a multiple of any page size), in the mode where a paged row would read one row per page."""
-    mod = first_token.module
+    a multiple of any page size), in the mode where a paged row would read one row per page: on
+    the runner's aiter and on today's, whose q-length-1 fp8 kernels keep their names."""
+    loaded = loader.load_submission(generation, page_mode="first_token")
+    assert loaded.module.HAVE_AITER and loaded.aiter.page_mode() == "first_token"
+    mod = loaded.module
     data = reference.generate_input(8, 1, 1024, 4217, device="cpu")
     expected = reference.attention_float64(data)
     for row in mod.AITER_ROUTE_TABLE:
@@ -186,23 +191,27 @@ def test_every_default_row_is_strictly_right_in_first_token_mode(first_token, re
 
 
 @pytest.mark.parametrize("batch,kv_len,seed,page_size", PAGED_CASES, ids=CASE_IDS)
-def test_tune_rejects_the_paged_row_and_keeps_page_1(first_token, tune, batch, kv_len, seed,
-                                                     page_size):
+def test_the_selection_policy_rejects_the_paged_row_and_keeps_page_1(first_token, reference,
+                                                                     batch, kv_len, seed,
+                                                                     page_size):
+    """The one selection policy (submission.py's race section; tune.py measures through
+    run_measuring and ranks with rank_row): race_run judges each candidate with race_judge
+    against what its own q and KV formats reach, which the one-row-per-page output misses by
+    far; a candidate that failed is never ranked, however fast."""
     mod = first_token.module
-    space = {ROUTE: {"page_size": [1, page_size], "num_splits": [8],
-                     "q_scale": ["unit"]}}
-    result = tune.tune(mod, [(batch, kv_len, seed)], space=space, secret_bs=[1], device="cpu",
-                       max_repeats=1, routes=[ROUTE], warn=lambda *_: None)
-    (case,) = result["cases"]
-    records = {rec["params"]["page_size"]: rec for rec in case["records"]}
-    assert set(records) == {1, page_size}
-    assert records[1]["eligible"], records[1]["reason"]
-    assert not records[page_size]["eligible"]
-    assert case["winner"]["params"]["page_size"] == 1
-    # even with the runner's 5% mismatch allowance, the strict bound alone rejects it
-    bound = tune.route_bound(mod, ROUTE)
-    eligible, reason = tune.judge(records[page_size], bound, max_mismatch=0.05)
-    assert not eligible and reason.startswith("rel L2"), reason
+    data = reference.generate_input(batch, 1, kv_len, seed, device="cpu")
+    total_kv = data[1]["bf16"].shape[0]
+    truth = mod.RaceTruth(data)
+    paged = {"route": ROUTE, "params": paged_row(page_size)["params"]}
+    page_1 = {"route": ROUTE, "params": dict(paged["params"], page_size=1)}
+    out, rejected = mod.race_run(paged, data, total_kv, truth)
+    assert out is None and rejected["why"].startswith("rel "), rejected
+    bound = truth.bound("fp8", mod.ROUTE_INFO[ROUTE]["kv_format"])
+    assert truth.error(mod.ROUTES[ROUTE](*data, **paged["params"])) > 10 * bound
+    out, failure = mod.race_run(page_1, data, total_kv, truth)
+    assert failure is None and out is not None
+    timed = {"median": 50.0, "mean": 50.0, "times": [50.0]}
+    assert mod.rank_row({0: rejected, 1: timed}) == [1]
 
 
 def test_every_8th_row_at_kv_1024_fails_even_the_loose_check(first_token, reference):

@@ -541,7 +541,8 @@ class _RecordingAiter:
 
 def test_aiter_reference_makes_exactly_the_runners_calls(monkeypatch):
     """ref_kernel_aiter against a recording aiter (the real one exists only on the MI355X): every
-    argument of the three calls as runner.md section 4 states them, variable KV lengths included."""
+    argument of the three calls as docs/runner.md ("The reference and the check") states them,
+    variable KV lengths included."""
     fake = _RecordingAiter()
     monkeypatch.setitem(sys.modules, "aiter", fake.module)
     monkeypatch.setitem(sys.modules, "aiter.mla", fake.mla)
@@ -604,3 +605,37 @@ def test_aiter_reference_on_the_aiter_double_matches_the_torch_reference():
         assert aiter.CALLS["mla_decode_fwd"] == 1
     assert out.shape == (3, 16, 512) and out.dtype == torch.bfloat16
     assert R.rel_l2_error(out, R.ref_kernel_torch(data).double()) < 1e-3
+
+
+@pytest.mark.parametrize("args,kwargs,message", [
+    ((0, 1, 16, 1), {}, "batchsize must be >= 1, got 0"),
+    ((-2, 1, 16, 1), {}, "batchsize must be >= 1, got -2"),
+    ((2, 0, 16, 1), {}, "qseqlen must be >= 1"),
+    ((2, 1, 0, 1), {}, "kvseqlen must be >= 1, got 0"),
+    ((2, 1, -7, 1), {}, "kvseqlen must be >= 1, got -7"),
+    ((2, 1, 0, 1), {"kv_lens": [0, 0]}, r"kv_lens \[0, 0\] holds no KV row"),
+    ((2, 1, 0, 1), {"kv_lens": [5, -1]}, "kv_lens must be >= 0, got -1"),
+    ((2, 1, 0, 1), {"kv_lens": [1, 2, 3]}, r"kv_lens needs one length per batch \(batchsize 2\), got 3"),
+    ((2, 1, 0, 1), {"kv_lens": "12"}, "kv_lens must be a sequence"),
+    ((2.5, 1, 16, 1), {}, "batchsize must be an integer"),
+    ((2, 1, 16, 0.5), {}, "seed must be an integer"),
+    ((True, 1, 16, 1), {}, "batchsize must be an integer"),
+])
+def test_generate_input_refuses_what_it_cannot_make_naming_the_field(monkeypatch, args, kwargs,
+                                                                     message):
+    def no_tensor_work(*a, **k):
+        raise AssertionError("tensor work before the arguments were checked")
+
+    monkeypatch.setattr(R.torch, "Generator", no_tensor_work)  # the first tensor step
+    with pytest.raises(ValueError, match=message):
+        R.generate_input(*args, device="cpu", **kwargs)
+
+
+def test_generate_input_takes_integer_likes_and_ignores_kvseqlen_given_kv_lens():
+    import numpy as np
+
+    q, kv, _, kv_indptr, config = R.generate_input(np.int64(2), torch.tensor(1), 9, 3,
+                                                   device="cpu")
+    assert q.shape[0] == 2 and kv_indptr.tolist() == [0, 9, 18]
+    *_, kv_indptr, config = R.generate_input(3, 1, 0, 3, kv_lens=(1, 7, 20), device="cpu")
+    assert kv_indptr.tolist() == [0, 1, 8, 28] and config["kv_seq_len"] == 20

@@ -5,8 +5,9 @@ sys.modules is restored afterwards. The double presents every aiter generation a
 compiled ops behind (*args, **kwargs) shims, their parameter names only in the schemas under
 torch.ops.aiter, every call through torch.ops. It computes from the buffers it is given, so wrong
 page maths, stale plans or wrong buffers give wrong numbers, which these tests measure against
-float64 attention. The full numerics run on the runner's generation (f3be04a12) and the newest
-one; every generation the submission recognises runs the persistent route once.
+float64 attention. Every aiter route runs strictly on every generation the double models, and so
+does every row of the aiter table; the rest of the numerics run on the runner's generation
+(f3be04a12), the one-day nope-names one and today's (aiter e4048607a, v0.1.20.post1).
 
 The inputs live on the CPU, where the double computes; tests of the portable routes use the
 default device (a GPU where there is one: the Triton routes need one unless interpreted).
@@ -20,10 +21,47 @@ import torch
 
 from aiter_double import loader  # tests/ is on sys.path: pytest's rootdir import
 
-RUNNER_GENERATION = "2026-03-04"  # aiter f3be04a12
-KNOWN_GENERATIONS = ("2026-03-04", "2026-03-16", "2026-06-11", "2026-07-13")
-NUMERICS_GENERATIONS = ("2026-03-04", "2026-07-13")  # the runner's and the newest
+RUNNER_GENERATION = "2026-03-04"  # aiter f3be04a12 (16e9b5a07 on today's main)
+TODAY_GENERATION = "2026-08-10"  # aiter 45ef304fe5 .. e4048607a (v0.1.20.post1)
+# What submission.py must make of each generation the double models: whether stage 1 gets `lse`
+# (positionally, before q_scale), whether the reduce gets `num_kv_splits`, which dtype names the
+# metadata call uses, whether the info gets max_split_per_batch. Stated here, not read from the
+# double: test_the_expectations_cover_every_generation_of_the_double keeps the two in step.
+UNDERSTOOD = {
+    "2026-03-04": {"lse": False, "reduce_splits": False, "dtypes": ("dtype_q", "dtype_kv"),
+                   "info_cap": False},
+    "2026-03-16": {"lse": True, "reduce_splits": False, "dtypes": ("dtype_q", "dtype_kv"),
+                   "info_cap": False},
+    "2026-06-11": {"lse": True, "reduce_splits": True, "dtypes": ("dtype_q", "dtype_kv"),
+                   "info_cap": True},
+    "2026-06-26": {"lse": True, "reduce_splits": True, "dtypes": ("dtype_q", "dtype_kv"),
+                   "info_cap": True},
+    "2026-07-13": {"lse": True, "reduce_splits": True, "dtypes": ("dtype_q_nope", "dtype_kv_nope"),
+                   "info_cap": True},
+    "2026-07-14": {"lse": True, "reduce_splits": True, "dtypes": ("dtype_q", "dtype_kv"),
+                   "info_cap": True},
+    TODAY_GENERATION: {"lse": True, "reduce_splits": True, "dtypes": ("dtype_q", "dtype_kv"),
+                       "info_cap": True},
+}
+KNOWN_GENERATIONS = tuple(UNDERSTOOD)
+NUMERICS_GENERATIONS = (RUNNER_GENERATION, "2026-07-13", TODAY_GENERATION)
+AITER_ROUTES = ("aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent", "aiter_a16w8_persistent")
 FP8_MAX_E4M3FN = 448.0
+_LOADED = {}
+
+
+def _load(generation):
+    """submission.py against the double of `generation`, one load per generation (tests that
+    change a module's state clear what they change)."""
+    if generation not in _LOADED:
+        result = loader.load_submission(generation)
+        assert result.module.HAVE_AITER, result.stderr
+        _LOADED[generation] = result
+    return _LOADED[generation]
+
+
+# the aiter table as the runner's generation selects it, read once at collection
+AITER_TABLE = _load(RUNNER_GENERATION).module.AITER_ROUTE_TABLE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -100,49 +138,135 @@ def _schema_names(double, op_name):
 # Import and API drift
 
 
+def test_the_expectations_cover_every_generation_of_the_double():
+    api = _load(RUNNER_GENERATION).aiter._api
+    assert set(KNOWN_GENERATIONS) == set(api.GENERATIONS) - set(api.UNKNOWN_GENERATIONS)
+    assert api.GENERATION_ALIASES["f3be04a12"] == api.GENERATION_ALIASES["16e9b5a07"] == (
+        RUNNER_GENERATION)
+    assert api.GENERATION_ALIASES["e4048607a"] == TODAY_GENERATION
+
+
 @pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
 def test_import_reads_each_generation_from_the_op_schemas(generation):
     """The compiled ops hide their signatures, as aiter's do: the names the submission uses can
-    only have come from the schemas under torch.ops.aiter."""
+    only have come from the schemas under torch.ops.aiter (or, for the Python functions, from
+    their signatures). Each name passed is a parameter of the op, at the op's own position
+    where it is passed positionally."""
     result = loader.load_submission(generation)
     mod, double = result.module, result.aiter
+    expected = UNDERSTOOD[generation]
     assert mod.HAVE_AITER is True and result.stderr == ""
+    api = double._api
+    wrapper = "_get_mla_metadata_v1_impl" in api.API
     for op_name in ("mla_decode_stage1_asm_fwd", "mla_reduce_v1", "get_mla_metadata_v1"):
-        assert str(inspect.signature(getattr(double, op_name))) == "(*args, **kwargs)"
+        shown = str(inspect.signature(getattr(double, op_name)))
+        if op_name == "get_mla_metadata_v1" and wrapper:  # a plain Python function there
+            assert shown.startswith("(seqlens_qo_indptr: torch.Tensor"), shown
+        else:
+            assert shown == "(*args, **kwargs)"
     stage1 = mod.AITER_API["mla_decode_stage1_asm_fwd"]
     reduce = mod.AITER_API["mla_reduce_v1"]
     assert stage1 == _schema_names(double, "mla_decode_stage1_asm_fwd")[:len(stage1)]
+    assert reduce == _schema_names(double, "mla_reduce_v1")[:len(reduce)]
     assert stage1[-2:] == ("q_scale", "kv_scale") and reduce[-2:] == ("final_output", "final_lse")
-    assert ("lse" in stage1) == (generation != "2026-03-04")
-    assert len(stage1) == (19 if generation == "2026-03-04" else 20)
-    assert ("num_kv_splits" in reduce) == (generation >= "2026-06-11")
-    assert len(reduce) == (9 if generation >= "2026-06-11" else 8)
+    assert ("lse" in stage1) == expected["lse"]
+    assert len(stage1) == (20 if expected["lse"] else 19)
+    assert ("num_kv_splits" in reduce) == expected["reduce_splits"]
+    assert len(reduce) == (9 if expected["reduce_splits"] else 8)
+    for op_name in ("get_mla_metadata_v1", "get_mla_metadata_info_v1"):
+        names = mod.AITER_API[op_name]
+        own = _schema_names(double, op_name)
+        assert set(names) <= set(own), (op_name, set(names) - set(own))
+        leading = len(mod.METADATA_POSITIONAL if op_name == "get_mla_metadata_v1"
+                      else mod.INFO_POSITIONAL)
+        assert names[:leading] == own[:leading]
     metadata = mod.AITER_API["get_mla_metadata_v1"]
-    dtype_names = ("dtype_q_nope", "dtype_kv_nope") if generation == "2026-07-13" else (
-        "dtype_q", "dtype_kv")
-    assert metadata[-2:] == dtype_names
+    assert metadata[-2:] == expected["dtypes"]
     info = mod.AITER_API["get_mla_metadata_info_v1"]
-    assert ("max_split_per_batch" in info) == (generation >= "2026-06-11")
-    assert set(mod.ROUTES) >= {"aiter_bf16", "aiter_fp8", "aiter_a8w8_persistent",
-                               "aiter_a16w8_persistent"}
+    assert ("max_split_per_batch" in info) == expected["info_cap"]
+    assert set(mod.ROUTES) >= set(AITER_ROUTES)
     assert mod.active_route_table() is mod.AITER_ROUTE_TABLE
 
 
-@pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
-def test_every_generation_runs_the_persistent_route_through_torch_ops(generation, make_input,
-                                                                      reference):
-    """Both plan settings (the reference's intra-batch plan for uniform lengths, the balanced one
-    for ragged lengths), each through the generation's shims and torch.ops."""
-    result = loader.load_submission(generation)
+def test_todays_aiter_presents_the_python_metadata_wrapper_over_a_compiled_op():
+    """aiter from 028756633e: get_mla_metadata_v1 is a Python function (its full signature
+    readable), the compiled op behind it is _get_mla_metadata_v1_impl with dtype ids; stage 1
+    and mla_decode_fwd end with `causal`."""
+    result = loader.load_submission(TODAY_GENERATION)
     mod, double = result.module, result.aiter
-    for batch, kv_len, kv_lens in ((4, 256, None), (3, 0, (300, 17, 200))):
+    wrapper = list(inspect.signature(double.get_mla_metadata_v1).parameters)
+    assert wrapper[-8:] == ["is_cp_round_robin", "mla_version", "dtype_q_nope", "dtype_q_rope",
+                            "dtype_kv_nope", "dtype_kv_rope", "dtype_q", "dtype_kv"]
+    impl = _schema_names(double, "_get_mla_metadata_v1_impl")
+    assert impl == tuple(wrapper[:-2])
+    assert "get_mla_metadata_v1" not in double.PUBLIC_OPS
+    assert "_get_mla_metadata_v1_impl" in double.PUBLIC_OPS
+    assert _schema_names(double, "mla_decode_stage1_asm_fwd")[17:] == (
+        "lse", "q_scale", "kv_scale", "g_kv_indptr", "cp_world_size", "cp_rank",
+        "valid_split_count", "use_valid_split_count_reduce", "causal")
+    assert list(inspect.signature(mod.mla_decode_fwd).parameters)[-4:] == [
+        "g_kv_indptr", "cp_world_size", "cp_rank", "causal"]
+
+
+@pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
+def test_mla_decode_fwd_has_the_generations_parameters(generation, make_input):
+    """The aiter_bf16 / aiter_fp8 routes call it by keyword; what the double does not model
+    (context parallelism) must stay at its default."""
+    mod, double = _load(generation).module, _load(generation).aiter
+    names = tuple(inspect.signature(mod.mla_decode_fwd).parameters)
+    assert names == _schema_names(double, "mla_decode_fwd")
+    assert names[:25] == _schema_names(_load(RUNNER_GENERATION).aiter, "mla_decode_fwd")
+    if "cp_world_size" in names:
+        data, _ = make_input(4, 64)
+        q, kv_data, qo_indptr, kv_indptr, _ = data
+        out = torch.empty(4, 16, 512, dtype=torch.bfloat16)
+        with pytest.raises(double.ContractError, match="cp_world_size.*not modelled"):
+            mod.mla_decode_fwd(q, kv_data["bf16"].view(-1, 1, 1, 576), out, qo_indptr,
+                               kv_indptr, torch.arange(kv_indptr[-1].item(), dtype=torch.int32),
+                               torch.ones(4, dtype=torch.int32), 1, cp_world_size=2)
+
+
+ROUTE_SHAPES = [(4, 256, None), (3, 0, (300, 17, 200))]  # uniform (the reference's intra-batch
+# plan for the persistent routes) and ragged (the balanced plan, refilled per call)
+ROUTE_PARAMS = {"aiter_bf16": {}, "aiter_fp8": {"q_scale": "tensor"},
+                "aiter_a8w8_persistent": {"page_size": 1, "num_splits": 8, "q_scale": "tensor"},
+                "aiter_a16w8_persistent": {"page_size": 1, "num_splits": 8}}
+
+
+def _own_maths_error(reference, route, out, data, expected):
+    """Distance to what the route's kernels compute (see the helpers): far below any bound, so a
+    dropped row, a wrong page, a wrong split weight or a value on the wrong parameter shows."""
+    if route == "aiter_bf16":
+        return reference.rel_l2_error(out, expected)  # bf16 q and KV: float64 attention itself
+    if route == "aiter_a16w8_persistent":
+        return _a16w8_maths_error(reference, out, data)
+    return _reference_error(reference, out, data)
+
+
+@pytest.mark.parametrize("route", AITER_ROUTES)
+@pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
+def test_every_route_is_strict_on_every_generation(generation, route, make_input, reference):
+    """Each aiter route through this generation's functions and ops (counted by the double),
+    on uniform and ragged lengths, within its bound and next to its own mathematics."""
+    mod, double = _load(generation).module, _load(generation).aiter
+    bound = mod.ROUTE_INFO[route]["rel_l2_bound"]
+    for batch, kv_len, kv_lens in ROUTE_SHAPES:
         data, expected = make_input(batch, kv_len, kv_lens=kv_lens)
+        mod._PLANS.clear()
         double.reset()
-        out = mod.aiter_a8w8_persistent_route(*data, page_size=1, num_splits=8)
-        assert _reference_error(reference, out, data) < 2e-3, (generation, kv_lens)
-        assert _route_error(reference, out, expected) <= 0.06
-        assert double.CALLS["mla_decode_stage1_asm_fwd"] == double.CALLS["mla_reduce_v1"] == 1
-        assert double.CALLS["get_mla_metadata_v1"] == 1
+        out = mod.ROUTES[route](*data, **ROUTE_PARAMS[route])
+        assert _route_error(reference, out, expected) <= bound, (generation, route, kv_lens)
+        own = _own_maths_error(reference, route, out, data, expected)
+        assert own < (5e-3 if route == "aiter_bf16" else 2e-3), (generation, route, kv_lens, own)
+        if route.endswith("_persistent"):
+            assert double.CALLS["get_mla_metadata_info_v1"] == 1
+            assert double.CALLS["get_mla_metadata_v1"] == 1
+            assert double.CALLS["mla_decode_stage1_asm_fwd"] == double.CALLS["mla_reduce_v1"] == 1
+            assert double.CALLS["mla_decode_fwd"] == 0
+        else:
+            assert double.CALLS["mla_decode_fwd"] == 1
+            assert double.CALLS["mla_decode_stage1_asm_fwd"] == 0
+        assert not _route_error(reference, torch.zeros_like(out), expected) <= bound
 
 
 def test_the_ops_check_their_arguments_as_torch_ops_does(runner_aiter, make_input):
@@ -162,24 +286,33 @@ def test_the_ops_check_their_arguments_as_torch_ops_does(runner_aiter, make_inpu
         double.mla_reduce_v1(*reduce_args, 1, out, num_kv_splits=2)
 
 
-def test_the_double_rejects_the_other_generations_argument_order(make_input):
+@pytest.mark.parametrize("old_generation,new_generation", [
+    ("2026-03-04", "2026-06-11"), ("2026-03-04", TODAY_GENERATION),
+    ("2026-03-16", TODAY_GENERATION)])
+def test_the_double_rejects_the_other_generations_argument_order(make_input, old_generation,
+                                                                 new_generation):
     """What the drift detection protects against: an op called with the other generation's
     positional layout fails on the double (on the real library it would misbehave)."""
-    old = loader.load_submission("2026-03-04")
-    new = loader.load_submission("2026-06-11")
+    old = loader.load_submission(old_generation)
+    new = loader.load_submission(new_generation)
     data, _ = make_input(4, 64)
+    swapped = 0
     for caller, callee in ((old, new), (new, old)):
         mod = caller.module
         for attribute, op_name in (("_stage1", "mla_decode_stage1_asm_fwd"),
                                    ("_reduce", "mla_reduce_v1")):
+            if mod.AITER_API[op_name] == callee.module.AITER_API[op_name]:
+                continue  # the same values in the same places: nothing to tell apart
             own = getattr(mod, attribute)
             setattr(mod, attribute, getattr(callee.aiter, op_name))
+            swapped += 1
             try:
                 with pytest.raises(RuntimeError):  # the dispatcher's or the double's
                     mod.aiter_a8w8_persistent_route(*data, page_size=2, num_splits=2)
             finally:
                 setattr(mod, attribute, own)
         mod.aiter_a8w8_persistent_route(*data, page_size=2, num_splits=2)  # its own: fine
+    assert swapped >= 2
 
 
 @pytest.mark.parametrize("generation", [None, "2099-01"])
@@ -196,7 +329,7 @@ def test_without_a_known_aiter_the_portable_route_runs_after_one_warning(generat
     data = reference.generate_input(2, 1, 48, 7)  # the default device: the routes' own
     out = mod.custom_kernel(data)
     row = mod.select_route(2, 48, True)
-    assert row in mod.TRITON_ROUTE_TABLE and mod.LAST_ROUTE == _label(row)
+    assert row in mod.TRITON_ROUTE_TABLE and mod.LAST_ROUTE == mod.route_label(row)
     expected = reference.attention_float64(data)
     assert _route_error(reference, out, expected) <= mod.ROUTE_INFO[row["route"]]["rel_l2_bound"]
 
@@ -332,7 +465,13 @@ def test_the_double_refuses_a_reduce_reading_outside_the_partials(runner_aiter, 
                              plan.reduce_final_map, plan.reduce_partial_map, 1, args["output"])
 
 
-@pytest.mark.parametrize("generation", ["2026-03-04", "2026-06-11"])
+# reduce_partial_map's size at 8 batches with max_split_per_batch 64: not taken before ff61bb3997;
+# tile_cnt * cap there, tile_cnt + cap from b5fceae834 (2026-06-22) on; cap = min(CUs, 64 * 8)
+SPLIT_CAP_SIZES = {"2026-03-04": None, "2026-06-11": 8 * 256, "2026-06-26": 8 + 256,
+                   TODAY_GENERATION: 8 + 256}
+
+
+@pytest.mark.parametrize("generation", SPLIT_CAP_SIZES)
 def test_the_info_returns_plain_ints_and_aiters_dtypes(generation):
     double = loader.load_submission(generation).aiter
     num_cu = double.NUM_CU
@@ -351,26 +490,33 @@ def test_the_info_returns_plain_ints_and_aiters_dtypes(generation):
         assert info[0] == (2, torch.uint64) and info[1] == (num_cu + 1, torch.int32)
     assert fast[2][0] == (8 + num_cu - 1, 8) and fast[5][0] == 8 + num_cu - 1
     assert intra[2][0] == (8 * 16, 8) and intra[5][0] == 8 * 16
-    if generation >= "2026-06-11":  # the split cap enlarges the partial map
+    assert num_cu == 256
+    if SPLIT_CAP_SIZES[generation] is not None:  # the split cap enlarges the partial map
         capped = double.get_mla_metadata_info_v1(
             8, 1, 16, torch.float8_e4m3fn, torch.float8_e4m3fn, False, max_split_per_batch=64)
-        assert capped[5][0] == 8 * min(num_cu, 64 * 8)
+        assert capped[5][0] == SPLIT_CAP_SIZES[generation]
     else:
         with pytest.raises(TypeError):
             double.get_mla_metadata_info_v1(8, 1, 16, torch.float8_e4m3fn,
                                             torch.float8_e4m3fn, False, max_split_per_batch=64)
 
 
-def test_the_runners_reference_calls_run_on_the_double(make_input, reference):
+@pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
+def test_the_runners_reference_calls_run_on_the_double(make_input, reference, generation):
     """The runner's reference, call for call (reference.ref_kernel_aiter: intra-batch plan,
     is_causal, the batch lengths as last-page lengths), gives the reference's mathematics; a
     batch shorter than 196 makes aiter's intra-batch plan divide by zero, which the double
-    refuses."""
+    refuses. On fede90f463 (2026-07-13) its dtype_q / dtype_kv keywords are refused, as that
+    aiter refused them."""
     data, _ = make_input(4, 1024)
     short, _ = make_input(4, 100)
-    with loader.aiter_environment(RUNNER_GENERATION):
+    with loader.aiter_environment(generation):
         import aiter
 
+        if UNDERSTOOD[generation]["dtypes"] != ("dtype_q", "dtype_kv"):
+            with pytest.raises(RuntimeError, match="dtype_q"):
+                reference.ref_kernel_aiter(data)
+            return
         out = reference.ref_kernel_aiter(data)
         facts = [f for name, f in aiter.LOG if name == "get_mla_metadata_v1"]
         with pytest.raises(aiter.ContractError, match="divides by zero"):
@@ -483,6 +629,180 @@ def test_the_a16w8_call_as_the_route_makes_it_is_accepted(runner_aiter, make_inp
 
 
 # ---------------------------------------------------------------------------------------------
+# aiter as users install it today (e4048607a) and the generations on the way there
+
+
+@pytest.fixture(scope="module")
+def today_aiter():
+    return _load(TODAY_GENERATION)
+
+
+def test_todays_stage1_takes_lse_only_where_a_kernel_writes_it(today_aiter, make_input):
+    """A non-None lse picks the kernel's lse build: the a8w8 kernel has one (and writes it),
+    the a16w8 kernel has none, so aiter refuses the call. submission.py passes lse=None."""
+    mod, double = today_aiter.module, today_aiter.aiter
+    data, _ = make_input(4, 256)  # one split per batch: stage 1 writes output and lse itself
+    args, _ = _persistent_call(mod, data)
+    lse = torch.full((4, 16), float("nan"))
+    double.reset()
+    double.mla_decode_stage1_asm_fwd(**args, lse=lse)
+    (facts,) = [f for name, f in double.LOG if name == "mla_decode_stage1_asm_fwd"]
+    assert facts["kernel"] == "mla_a8w8_qh16_qseqlen1_gqaratio16_lse_ps"
+    assert torch.isfinite(lse).all()
+    bf16_args, _ = _persistent_call(mod, data, q_format="bf16")
+    with pytest.raises(double.ContractError,
+                       match="cannot get heuristic kernel.*q_type:bf16 kv_type:fp8.*lse:1"):
+        double.mla_decode_stage1_asm_fwd(**bf16_args, lse=lse.clone())
+    double.mla_decode_stage1_asm_fwd(**bf16_args)  # without lse: the a16w8 kernel runs
+
+
+def test_lse_before_any_16_head_kernel_wrote_it_is_refused(make_input):
+    result = _load("2026-03-16")
+    args, _ = _persistent_call(result.module, make_input(4, 256)[0])
+    with pytest.raises(result.aiter.ContractError, match="no 16-head q-length-1 kernel"):
+        result.aiter.mla_decode_stage1_asm_fwd(**args, lse=torch.empty(4, 16))
+    runner = _load(RUNNER_GENERATION)
+    args, _ = _persistent_call(runner.module, make_input(4, 256)[0])
+    with pytest.raises(RuntimeError, match="at most 19 argument"):  # the dispatcher's refusal
+        runner.aiter.mla_decode_stage1_asm_fwd(**args, lse=torch.empty(4, 16))
+
+
+@pytest.mark.parametrize("change,message", [
+    ("the 2026-03-04 layout: q_scale, kv_scale right after output", "kv_scale"),
+    ("kv_scale on lse", "'lse' has"),
+    ("q_scale on g_kv_indptr", "'g_kv_indptr'.*not modelled"),
+    ("cp_world_size 2", "'cp_world_size' = 2 is not modelled"),
+    ("cp_rank 1", "'cp_rank' = 1 is not modelled"),
+    ("valid_split_count given", "'valid_split_count'.*not modelled"),
+    ("use_valid_split_count_reduce 1", "'use_valid_split_count_reduce' = 1 is not modelled"),
+])
+def test_todays_stage1_checks_each_value_by_its_parameter_name(today_aiter, make_input, change,
+                                                               message):
+    """Each value meets the checks of the parameter it lands on: one on the wrong parameter,
+    or a context-parallel setting the double does not model, fails."""
+    mod, double = today_aiter.module, today_aiter.aiter
+    args, _ = _persistent_call(mod, make_input(4, 256)[0])
+    q_scale, kv_scale = args["q_scale"], args["kv_scale"]
+    if change.startswith("the 2026-03-04 layout"):
+        args.update(lse=q_scale, q_scale=kv_scale, kv_scale=None)
+    elif change == "kv_scale on lse":
+        args.update(lse=kv_scale, kv_scale=q_scale.clone())
+    elif change == "q_scale on g_kv_indptr":
+        args.update(g_kv_indptr=q_scale, q_scale=torch.ones(1))
+    elif change == "cp_world_size 2":
+        args["cp_world_size"] = 2
+    elif change == "cp_rank 1":
+        args["cp_rank"] = 1
+    elif change == "valid_split_count given":
+        args["valid_split_count"] = torch.full((4,), 4, dtype=torch.int32)
+    elif change == "use_valid_split_count_reduce 1":
+        args["use_valid_split_count_reduce"] = 1
+    with pytest.raises(RuntimeError, match=message):
+        double.mla_decode_stage1_asm_fwd(**args)
+
+
+def test_todays_stage1_runs_the_causal_kernel_either_way_at_q_length_1(today_aiter, make_input,
+                                                                       reference):
+    """aiter forces the causal kernel when max_seqlen_q is 1: causal=False gives the same."""
+    mod, double = today_aiter.module, today_aiter.aiter
+    data, _ = make_input(4, 256)
+    outputs = []
+    for causal in (True, False):
+        args, _ = _persistent_call(mod, data)
+        double.mla_decode_stage1_asm_fwd(**args, causal=causal)
+        outputs.append(args["output"])
+    assert torch.equal(outputs[0], outputs[1])
+    assert _reference_error(reference, outputs[0], data) < 2e-3
+
+
+def test_todays_reduce_needs_num_kv_splits_before_final_output(today_aiter, make_input):
+    mod, double = today_aiter.module, today_aiter.aiter
+    args, plan = _persistent_call(mod, make_input(4, 1024)[0])
+    double.mla_decode_stage1_asm_fwd(**args)
+    head = (plan.partial_output, plan.partial_lse, plan.reduce_indptr, plan.reduce_final_map,
+            plan.reduce_partial_map, 1)
+    with pytest.raises(RuntimeError, match="num_kv_splits"):  # no default: missing
+        double.mla_reduce_v1(*head, final_output=args["output"])
+    with pytest.raises(RuntimeError, match="num_kv_splits"):  # the 8-parameter layout
+        double.mla_reduce_v1(*head, args["output"])
+    double.mla_reduce_v1(*head, 4, args["output"])
+
+
+def _metadata_call(plan, data, **extra):
+    """get_mla_metadata_v1's arguments as submission.py passes them, with `extra` keywords."""
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    last = torch.ones(qo_indptr.shape[0] - 1, dtype=torch.int32)
+    head = (qo_indptr, kv_indptr, last, 16, 1, plan.setting["is_causal"], plan.work_meta_data,
+            plan.work_info_set, plan.work_indptr, plan.reduce_indptr, plan.reduce_final_map,
+            plan.reduce_partial_map)
+    keywords = dict(page_size=1, kv_granularity=16, max_seqlen_qo=1, uni_seqlen_qo=1,
+                    fast_mode=plan.setting["fast_mode"], max_split_per_batch=8,
+                    intra_batch_mode=plan.setting["intra_batch_mode"])
+    return head, dict(keywords, **extra)
+
+
+@pytest.mark.parametrize("generation", ["2026-07-14", TODAY_GENERATION])
+def test_the_python_metadata_wrapper_fills_nope_and_rope_from_the_legacy_names(generation,
+                                                                              make_input):
+    """aiter from 028756633e: dtype_q / dtype_kv fill the nope and rope dtypes; an explicit one
+    wins; the four reach the compiled op as aiter's dtype ids. The double models one dtype for
+    q and one for kv, so a rope unlike its nope, or a context-parallel plan, is refused."""
+    result = _load(generation)
+    mod, double = result.module, result.aiter
+    data, _ = make_input(8, 256)
+    fp8 = data[1]["fp8"][0].dtype
+    mod._PLANS.clear()
+    double.reset()
+    mod.aiter_a16w8_persistent_route(*data, page_size=1, num_splits=8)
+    (plan,) = mod._PLANS.values()
+
+    def logged(**extra):
+        double.reset()
+        head, keywords = _metadata_call(plan, data, **extra)
+        double.get_mla_metadata_v1(*head, **keywords)
+        (facts,) = [f for name, f in double.LOG if name == "get_mla_metadata_v1"]
+        return facts["dtype_q"], facts["dtype_kv"]
+
+    assert logged(dtype_q=torch.bfloat16, dtype_kv=fp8) == (torch.bfloat16, fp8)
+    assert logged(dtype_q_nope=fp8, dtype_kv_nope=fp8) == (fp8, fp8)  # rope: as nope
+    assert logged(dtype_q=fp8, dtype_q_nope=fp8, dtype_kv=fp8) == (fp8, fp8)
+    assert logged() == (torch.bfloat16, torch.bfloat16)  # aiter's default
+    for extra, error, message in (
+            ({"dtype_q": torch.bfloat16, "dtype_q_rope": fp8}, RuntimeError, "unlike"),
+            ({"dtype_q": torch.float8_e4m3fnuz}, AssertionError, "Unsupported dtype"),
+            ({"is_cp_round_robin": True}, RuntimeError, "is_cp_round_robin.*not modelled"),
+            ({"mla_version": 1}, RuntimeError, "mla_version.*not modelled")):
+        head, keywords = _metadata_call(plan, data, **extra)
+        with pytest.raises(error, match=message):
+            double.get_mla_metadata_v1(*head, **keywords)
+
+
+@pytest.mark.parametrize("generation", ["2026-06-26", "2026-07-13"])
+def test_the_compiled_metadata_ops_with_context_parallel_names(generation, make_input):
+    """v0.1.17's compiled op: is_cp_round_robin after dtype_kv, no nope names; fede90f463's:
+    the nope / rope names and no dtype_q. Both only at is_cp_round_robin's default."""
+    result = _load(generation)
+    mod, double = result.module, result.aiter
+    data, _ = make_input(8, 256)
+    mod._PLANS.clear()
+    mod.aiter_a8w8_persistent_route(*data, page_size=1, num_splits=8)
+    (plan,) = mod._PLANS.values()
+    names = _schema_names(double, "get_mla_metadata_v1")
+    fp8 = data[1]["fp8"][0].dtype
+    own, other = ((("dtype_q", "dtype_kv"), ("dtype_q_nope", "dtype_kv_nope"))
+                  if generation == "2026-06-26" else
+                  (("dtype_q_nope", "dtype_kv_nope"), ("dtype_q", "dtype_kv")))
+    assert set(own) <= set(names) and not set(other) & set(names)
+    head, keywords = _metadata_call(plan, data, **dict.fromkeys(own, fp8))
+    double.get_mla_metadata_v1(*head, **keywords)
+    with pytest.raises(RuntimeError, match="is_cp_round_robin.*not modelled"):
+        double.get_mla_metadata_v1(*head, **keywords, is_cp_round_robin=True)
+    head, keywords = _metadata_call(plan, data, **dict.fromkeys(other, fp8))
+    with pytest.raises(RuntimeError, match=other[0]):  # the dispatcher: no such argument
+        double.get_mla_metadata_v1(*head, **keywords)
+
+
+# ---------------------------------------------------------------------------------------------
 # Plans: the reference's setting where the shapes allow it, the balanced one elsewhere
 
 
@@ -513,7 +833,7 @@ def test_the_info_gets_the_split_cap_where_it_takes_it(make_input):
     """aiter from 2026-06-11 sizes reduce_partial_map by max_split_per_batch: the plan's buffer
     shows whether it was passed."""
     sizes = {}
-    for generation in ("2026-03-04", "2026-06-11"):
+    for generation in SPLIT_CAP_SIZES:
         result = loader.load_submission(generation)
         data, _ = make_input(8, 128)
         result.module.aiter_a8w8_persistent_route(*data, page_size=1, num_splits=64)
@@ -521,7 +841,9 @@ def test_the_info_gets_the_split_cap_where_it_takes_it(make_input):
         sizes[generation] = plan.reduce_partial_map.shape[0]
         assert plan.partial_output.shape[0] == sizes[generation]  # sized as aiter's wrapper
     num_cu = loader.load_submission(RUNNER_GENERATION).aiter.NUM_CU
-    assert sizes == {"2026-03-04": 8 + num_cu - 1, "2026-06-11": 8 * min(num_cu, 64 * 8)}
+    # without the cap: the fast plan's own bound, batch + CUs - 1; with it, the larger of the two
+    assert sizes == {generation: max(8 + num_cu - 1, size or 0)
+                     for generation, size in SPLIT_CAP_SIZES.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,20 +857,28 @@ def _reduced_shape(row):
     return batch, 256
 
 
-@pytest.mark.parametrize("row_index", range(7))
-def test_every_row_route_is_accurate(loaded, row_index, make_input, reference):
-    table = loaded.module.AITER_ROUTE_TABLE
-    if row_index >= len(table):
-        pytest.skip("table has fewer rows")
-    row = table[row_index]
+def _row_id(index):
+    row = AITER_TABLE[index]
+    bounds = f"bs<={row['max_batch'] or 'any'},kv<={row['max_kv_len'] or 'any'}"
+    return f"{index}:{bounds}:{row['route']}"
+
+
+@pytest.mark.parametrize("row_index", range(len(AITER_TABLE)), ids=_row_id)
+@pytest.mark.parametrize("generation", KNOWN_GENERATIONS)
+def test_every_row_route_is_accurate(generation, row_index, make_input, reference):
+    """Every row of the aiter table (its route with its own parameters) on every generation;
+    a row with q_scale again with the per-tensor scale, next to the reference's mathematics."""
+    mod = _load(generation).module
+    assert mod.AITER_ROUTE_TABLE == AITER_TABLE  # the rows collected are this module's rows
+    row = mod.AITER_ROUTE_TABLE[row_index]
     batch, kv_len = _reduced_shape(row)
     data, expected = make_input(batch, kv_len)
-    out = loaded.module.ROUTES[row["route"]](*data, **row["params"])
-    bound = loaded.module.ROUTE_INFO[row["route"]]["rel_l2_bound"]
+    out = mod.ROUTES[row["route"]](*data, **row["params"])
+    bound = mod.ROUTE_INFO[row["route"]]["rel_l2_bound"]
     assert _route_error(reference, out, expected) <= bound, _label(row)
     if "q_scale" in row["params"]:
         params = dict(row["params"], q_scale="tensor")
-        out = loaded.module.ROUTES[row["route"]](*data, **params)
+        out = mod.ROUTES[row["route"]](*data, **params)
         assert _reference_error(reference, out, data) < 2e-3, _label(row)
 
 
@@ -573,7 +903,7 @@ def test_custom_kernel_runs_the_selected_row_accurately(loaded, batch, kv_len, k
     uniform = mod.declares_uniform_kv(batch, total_kv, data[4])
     row = mod.select_route(batch, total_kv // batch, uniform)
     out = mod.custom_kernel(data)
-    assert mod.LAST_ROUTE == _label(row)
+    assert mod.LAST_ROUTE == mod.route_label(row)
     assert _route_error(reference, out, expected) <= mod.ROUTE_INFO[row["route"]]["rel_l2_bound"]
 
 
@@ -690,7 +1020,9 @@ def test_every_generation_runs_the_a16w8_route(generation, make_input, reference
 
 def test_a16w8_route_info_and_paged_refusal(runner_aiter, make_input):
     mod = runner_aiter.module
-    assert mod.ROUTE_INFO[A16W8] == {"kv_format": "fp8", "q_format": "bf16", "rel_l2_bound": 0.05}
+    info = mod.ROUTE_INFO[A16W8]
+    assert {key: info[key] for key in ("kv_format", "q_format", "rel_l2_bound")} == {
+        "kv_format": "fp8", "q_format": "bf16", "rel_l2_bound": 0.05}
     data, _ = make_input(4, 0, kv_lens=(64, 192, 128, 128))
     with pytest.raises(ValueError, match="aiter_a16w8_persistent: page_size 2"):
         mod.aiter_a16w8_persistent_route(*data, page_size=2, num_splits=4)
@@ -736,7 +1068,7 @@ def test_ragged_lengths_never_use_a_paged_plan_and_are_right(runner_aiter, make_
         out = mod.custom_kernel(data)
         pages = [facts["page_size"] for _, facts in double.LOG if "page_size" in facts]
         assert pages and set(pages) == {1}, (mod.LAST_ROUTE, double.LOG)
-        assert "'page_size': 1" in mod.LAST_ROUTE or "page_size" not in mod.LAST_ROUTE
+        assert mod.parse_route_label(mod.LAST_ROUTE)["params"].get("page_size", 1) == 1
         if mod.LAST_ROUTE.startswith("aiter_a8w8_persistent"):
             assert double.CALLS["get_mla_metadata_v1"] == 1  # rebuilt every call
         row = mod.select_route(len(lens), sum(lens) // len(lens), False)

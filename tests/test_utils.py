@@ -1,4 +1,5 @@
-"""utils.py: the process environment, seeds, devices, L2 flush, the runner's timing, spec parsing."""
+"""utils.py: the process environment, seeds, devices, L2 flush, the runner's timing, spec parsing
+(ragged lengths, sizes checked)."""
 import math
 import os
 import sys
@@ -145,12 +146,11 @@ def test_time_repeats_stops_at_a_failed_after_and_by_the_stop_rule():
     assert len(durations) == 7
 
 
-def test_eval_and_tune_time_through_time_repeats(monkeypatch):
-    """One timing loop for both tools: eval.py's reference timing, its benchmark case and tune.py's
-    configuration timing all call utils.time_repeats."""
+def test_eval_times_through_time_repeats(monkeypatch):
+    """One timing loop: eval.py's reference timing and its benchmark case call utils.time_repeats
+    (tune.py measures through submission.py's measuring processes, the race's own timing)."""
     import eval as ev
     import reference
-    import tune
 
     seen = []
 
@@ -160,14 +160,13 @@ def test_eval_and_tune_time_through_time_repeats(monkeypatch):
 
     monkeypatch.setattr(utils, "time_repeats", fake)
     ev._time_fn(lambda: None, "cpu", None, 5, 1e9)
-    tune.time_config(lambda data: None, None, "cpu", None, 5, 1.0, 1)
     sub = type("Sub", (), {"custom_kernel": staticmethod(reference.ref_kernel)})
     stats = ev.run_benchmark_case(sub, {"batchsize": 1, "qseqlen": 1, "kvseqlen": 16, "seed": 1},
                                   recheck=True, max_repeats=5, max_time_ns=1e9, device="cpu")
     assert stats.runs == 3
-    assert [kw["max_repeats"] for kw in seen] == [5, 5, 5]
-    assert seen[0]["warm_up"] and seen[1]["warm_up"] and seen[1]["min_runs"] >= 3
-    assert seen[2]["before"] is not None and seen[2]["after"] is not None  # recheck hooks
+    assert [kw["max_repeats"] for kw in seen] == [5, 5]
+    assert seen[0]["warm_up"] and not seen[1].get("warm_up")
+    assert seen[1]["before"] is not None and seen[1]["after"] is not None  # recheck hooks
 
 
 def test_prepare_environment(monkeypatch):
@@ -209,3 +208,50 @@ def test_benchmark_shapes_are_the_benchmark_spec_in_order():
     cases = utils.read_spec_file(utils.BENCHMARK_SPEC)
     assert utils.benchmark_shapes() == [(c.args["batchsize"], c.args["kvseqlen"]) for c in cases]
     assert utils.benchmark_shapes() == [(b, k) for b in (4, 32, 64, 256) for k in (1024, 8192)]
+
+
+def test_spec_lines_take_ragged_lengths_separated_by_spaces_or_commas():
+    args = utils.parse_spec_line("batchsize: 3; qseqlen: 1; kv_lens: 1 7 20; seed: 4")
+    assert args == {"batchsize": 3, "qseqlen": 1, "kv_lens": [1, 7, 20], "seed": 4,
+                    "kvseqlen": 20}  # kvseqlen: the longest, for generate_input's signature
+    assert utils.parse_spec_line("batchsize: 3; qseqlen: 1; kvseqlen: 99; kv_lens: 1,7, 20; "
+                                 "seed: 4")["kv_lens"] == [1, 7, 20]
+    assert utils.parse_spec_line("batchsize: 1; qseqlen: 1; kv_lens: 5; seed: 4")["kv_lens"] == [5]
+    assert utils.parse_value("1 7 20") == [1, 7, 20] and utils.parse_value("fp8 bf16") == "fp8 bf16"
+
+
+@pytest.mark.parametrize("line,field", [
+    ("batchsize: 0; qseqlen: 1; kvseqlen: 16; seed: 1", "batchsize must be >= 1, got 0"),
+    ("batchsize: 2; qseqlen: 0; kvseqlen: 16; seed: 1", "qseqlen must be >= 1"),
+    ("batchsize: 2; qseqlen: 1; kvseqlen: -5; seed: 1", "kvseqlen must be >= 1, got -5"),
+    ("batchsize: 2; qseqlen: 1; kvseqlen: many; seed: 1", "kvseqlen must be an integer"),
+    ("batchsize: 2; qseqlen: 1; kvseqlen: 16; seed: x", "seed must be an integer"),
+    ("batchsize: 2; qseqlen: 1; kv_lens: 4 0; seed: 1", "kv_lens must all be >= 1, got 0"),
+    ("batchsize: 2; qseqlen: 1; kv_lens: 4 -1; seed: 1", "kv_lens must all be >= 1, got -1"),
+    ("batchsize: 2; qseqlen: 1; kv_lens: 1 7 20; seed: 1", "kv_lens needs one length per batch"),
+    ("batchsize: 2; qseqlen: 1; kv_lens: 1, x; seed: 1", "kv_lens must be integers"),
+])
+def test_spec_lines_with_bad_sizes_name_the_field(line, field):
+    with pytest.raises(ValueError, match=field):
+        utils.parse_spec_line(line)
+
+
+def test_read_spec_file_names_the_line_of_a_bad_case(tmp_path):
+    path = tmp_path / "s.txt"
+    path.write_text("batchsize: 2; qseqlen: 1; kvseqlen: 16; seed: 1\n"
+                    "# ragged\nbatchsize: 3; qseqlen: 1; kv_lens: 1 7 20; seed: 2\n"
+                    "batchsize: 2; qseqlen: 1; kvseqlen: 0; seed: 3\n")
+    with pytest.raises(ValueError, match=r"s\.txt:4: kvseqlen must be >= 1"):
+        utils.read_spec_file(str(path))
+    path.write_text("batchsize: 3; qseqlen: 1; kv_lens: 1 7 20; seed: 2\n")
+    (case,) = utils.read_spec_file(str(path), secret_seed=5)
+    assert case.args["kv_lens"] == [1, 7, 20] and case.args["seed"] == utils.combine_seed(2, 5)
+
+
+def test_a_ragged_spec_case_is_what_generate_input_makes(tmp_path):
+    import reference
+
+    args = utils.parse_spec_line("batchsize: 3; qseqlen: 1; kv_lens: 1 7 20; seed: 2")
+    q, kv, qo, kv_indptr, config = reference.generate_input(**args, device="cpu")
+    assert kv_indptr.tolist() == [0, 1, 8, 28] and config["kv_seq_len"] == 20
+    assert q.shape[0] == 3 and kv["bf16"].shape[0] == 28

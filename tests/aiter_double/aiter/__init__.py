@@ -4,17 +4,33 @@ The tests put tests/aiter_double first on sys.path, choose a generation and a pa
 environment variables, import submission.py as a fresh module, then take the double out of
 sys.modules again (tests/aiter_double/loader.py).
 
-AITER_DOUBLE_GENERATION (read at import; _api.GENERATIONS has the parameter lists):
-- "2026-03-04" (default; alias "f3be04a12"): the runner's aiter. Stage 1 takes 19 parameters
-  (no `lse`), mla_reduce_v1 8 (no `num_kv_splits`), get_mla_metadata_info_v1 no
+AITER_DOUBLE_GENERATION (read at import; _api.GENERATIONS has the parameter lists, _api.FEATURES
+what differs below them; aliases: the commits and release tags, e.g. "f3be04a12", "v0.1.17",
+"e4048607a"). Each generation is named by the date of the ROCm/aiter commit that brought it:
+- "2026-03-04" (default; f3be04a12, 16e9b5a07 on today's main): the runner's aiter. Stage 1 takes
+  19 parameters (no `lse`), mla_reduce_v1 8 (no `num_kv_splits`), get_mla_metadata_info_v1 no
   max_split_per_batch.
-- "2026-03-16": stage 1 takes an optional `lse` right after `output` (before q_scale).
-- "2026-06-11": mla_reduce_v1 takes `num_kv_splits: int` between max_seqlen_q and final_output;
-  get_mla_metadata_info_v1 takes max_split_per_batch.
-- "2026-07-13": get_mla_metadata_v1 takes dtype_q_nope / dtype_kv_nope instead of dtype_q /
-  dtype_kv; stage 1 gains trailing context-parallel arguments with defaults.
+- "2026-03-16" (a235c4aa3a): stage 1 takes an optional `lse` right after `output` (before
+  q_scale); no 16-head q-length-1 kernel writes it, so a non-None lse is refused.
+- "2026-06-11" (ff61bb3997, v0.1.16): mla_reduce_v1 takes `num_kv_splits: int` (no default)
+  between max_seqlen_q and final_output; get_mla_metadata_info_v1 takes max_split_per_batch.
+  From here on a non-None lse picks an lse kernel: the a8w8 one has it, the a16w8 one not.
+- "2026-06-26" (c2f68ab382, v0.1.17's API): stage 1 gains trailing g_kv_indptr, cp_world_size,
+  cp_rank, valid_split_count, use_valid_split_count_reduce; mla_decode_fwd g_kv_indptr,
+  cp_world_size, cp_rank; the compiled get_mla_metadata_v1 is_cp_round_robin after dtype_kv;
+  the info sizes reduce_partial_map by tile_cnt + the split cap (not times it).
+- "2026-07-13" (fede90f463, one day): get_mla_metadata_v1 takes is_cp_round_robin, mla_version
+  and dtype_q_nope / dtype_q_rope / dtype_kv_nope / dtype_kv_rope, no dtype_q / dtype_kv.
+- "2026-07-14" (028756633e, v0.1.18, v0.1.19): get_mla_metadata_v1 is a Python function taking
+  both the nope / rope dtypes and the legacy dtype_q / dtype_kv (each fills its nope and rope),
+  over the compiled op _get_mla_metadata_v1_impl (dtypes as aiter's ids).
+- "2026-08-10" (45ef304fe5 .. e4048607a, v0.1.20.post1: aiter as users install it today): stage 1
+  and mla_decode_fwd take `causal` last.
 - "2099-01": an API no submission can know (stage 1 needs a new argument before `output`): the
   product must refuse it and fall back to its portable routes.
+A parameter the double does not model (the context-parallel ones, is_cp_round_robin,
+mla_version, valid_split_count) must hold its default; values reach the double's checks by
+parameter name, so a value on the wrong parameter fails.
 Every generation presents the compiled ops as real aiter does: (*args, **kwargs) shims whose
 names live only in the schemas under torch.ops.aiter, called through torch.ops (see _api).
 

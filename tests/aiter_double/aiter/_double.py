@@ -42,6 +42,11 @@ aiter's "cannot get heuristic kernel" (bf16 q over fp8 KV without a plan, fp8 q 
 bf16 q over a byte-packed cache); a packed fp4x2 cache fails aiter's head-size check first. Only
 the decode rows the route families use are computed: 16 heads, q length 1.
 
+Later generations (aiter/_api.py sets FEATURES at import, see configure) keep these kernels for
+the rows the routes use (16 heads, q length 1; read at e4048607a, 2026-08-22) and differ below the
+API in two ways the double models: how get_mla_metadata_info_v1 grows reduce_partial_map by
+max_split_per_batch, and what a non-None `lse` does to stage 1's kernel choice.
+
 Page mode (AITER_DOUBLE_PAGE_MODE, or set_page_mode): "exact" (default) reads every row of every
 page. "first_token" behaves like the suspected fp8 persistent kernel for q length 1 (runner.md
 section 5): with page_size > 1 it reads only the first row of each page.
@@ -63,6 +68,27 @@ V_HEAD_DIM = 512
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 INTRA_BATCH_ROWS_PER_SPLIT = 196  # gfx950's v1_0 plan: at most length // 196 splits per batch
 PAGE_MODES = ("exact", "first_token")
+
+# What the generation does below its API (configure() sets it; _api calls that at import):
+# - "info_split_cap": how get_mla_metadata_info_v1 grows reduce_partial_map when given
+#   max_split_per_batch > 0, cap = min(NUM_CU, max_split_per_batch * batch): "product" to
+#   tile_cnt * cap (ff61bb3997, 2026-06-11), "sum" to tile_cnt + cap (b5fceae834, 2026-06-22 on);
+# - "lse": what a non-None `lse` does to stage 1. "unwritten": aiter hands its address to the
+#   kernel, and no 16-head q-length-1 kernel writes it (a235c4aa3a, 2026-03-16): refused, the
+#   tensor would keep garbage; "variant": aiter looks the kernel up with lse = 1 (ce27de0132,
+#   2026-03-26 on): the kernels of LSE_VARIANTS have such a build, any other is refused with
+#   aiter's "cannot get heuristic kernel".
+FEATURE_VALUES = {"info_split_cap": ("product", "sum"), "lse": ("unwritten", "variant")}
+FEATURES = {"info_split_cap": "product", "lse": "variant"}
+
+
+def configure(**features):
+    """Set FEATURES (names and values of FEATURE_VALUES) for this import of the double."""
+    for name, value in features.items():
+        if value not in FEATURE_VALUES.get(name, ()):
+            raise ValueError(f"aiter double: feature {name}={value!r} is not one of "
+                             f"{FEATURE_VALUES.get(name)}")
+    FEATURES.update(features)
 
 
 class ContractError(RuntimeError):
@@ -192,7 +218,33 @@ GFX950_DECODE_KERNELS = {
 }
 A16W8_KERNEL = GFX950_DECODE_KERNELS[("bf16", "fp8", 16, 1, 4)]
 A8W8_Q1_KERNEL = GFX950_DECODE_KERNELS[("fp8", "fp8", 16, 1, 1)]
+KERNEL_KEYS = {name: key for key, name in GFX950_DECODE_KERNELS.items()}
+# The 16-head persistent kernels with an lse build on gfx950 (mla_asm.csv's lse column: fp8 from
+# ce27de0132, 2026-03-26; bf16 from b16ca5af25, 2026-05-29; still so at e4048607a). The a16w8
+# kernel has none.
+LSE_VARIANTS = {
+    A8W8_Q1_KERNEL: "mla_a8w8_qh16_qseqlen1_gqaratio16_lse_ps",
+    GFX950_DECODE_KERNELS[("bf16", "bf16", 16, 1, 4)]:
+        "mla_a16w16_qh16_m16x4_n16x1_coex0_mask1_lse_ps",
+}
 BYTE_DTYPES = (torch.uint8, torch.int8)  # aiter's "byte" KV (a packed cache)
+# aiter's dtype ids (csrc/include/aiter_enum.h's AiterDtype order), as the compiled metadata op
+# behind the Python get_mla_metadata_v1 takes them (028756633e on). aiter maps only its own
+# dtypes.fp8 to the fp8 id: float8_e4m3fn on gfx950.
+AITER_DTYPE_IDS = {
+    torch.float8_e4m3fn: 0, torch.float8_e8m0fnu: 1, torch.float16: 2, torch.bfloat16: 3,
+    torch.float32: 4, torch.float4_e2m1fn_x2: 6, torch.uint32: 7, torch.int32: 8,
+    torch.int16: 9, torch.int8: 10, torch.uint8: 11, torch.int64: 12, torch.uint64: 13,
+}
+DTYPES_BY_ID = {number: dtype for dtype, number in AITER_DTYPE_IDS.items()}
+
+
+def aiter_dtype_id(dtype):
+    """aiter's _aiter_dtype_id: a torch dtype's id, AssertionError for any other value."""
+    try:
+        return AITER_DTYPE_IDS[dtype]
+    except (KeyError, TypeError):
+        raise AssertionError(f"Unsupported dtype: {dtype}") from None
 
 
 def _asm_type(fn, name, dtype, allowed):
@@ -352,8 +404,9 @@ def metadata_info(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_
     else:
         max_work = max_split_tiles = tile_cnt * NUM_CU
     if max_split_per_batch > 0:  # passed only by the generations that take it
-        max_split_tiles = max(max_split_tiles,
-                              tile_cnt * min(NUM_CU, max_split_per_batch * batch_size))
+        cap = min(NUM_CU, max_split_per_batch * batch_size)
+        grown = tile_cnt * cap if FEATURES["info_split_cap"] == "product" else tile_cnt + cap
+        max_split_tiles = max(max_split_tiles, grown)
     if intra_batch_mode:
         expect(num_kv_splits >= 1, f"{fn}: intra-batch mode needs num_kv_splits >= 1")
         max_work = max_split_tiles = tile_cnt * num_kv_splits
@@ -558,10 +611,13 @@ def _plan_of(fn, work_meta_data, work_indptr, work_info_set):
 
 def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_kv_splits_indptr,
            work_meta_data, work_indptr, work_info_set, max_seqlen_q, page_size, nhead_kv,
-           softmax_scale, splitData, splitLse, output, lse=None, q_scale=None, kv_scale=None):
-    """mla_decode_stage1_asm_fwd in persistent mode (aiter's: no num_kv_splits_indptr)."""
+           softmax_scale, splitData, splitLse, output, lse=None, q_scale=None, kv_scale=None,
+           causal=True):
+    """mla_decode_stage1_asm_fwd in persistent mode (aiter's: no num_kv_splits_indptr).
+    causal: at q length 1 (all the double models) aiter runs the causal kernel either way."""
     fn = "mla_decode_stage1_asm_fwd"
     CALLS[fn] += 1
+    need_bool(fn, "causal", causal)
     need_tensor(fn, "num_kv_splits_indptr", num_kv_splits_indptr, dtype=torch.int32, optional=True)
     kernel = check_q_kv(fn, Q, KV, page_size, nhead_kv, num_kv_splits_indptr is None,
                         max_seqlen_q)
@@ -586,9 +642,12 @@ def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_
     need_tensor(fn, "splitData", splitData, shape=(partial_rows, 1, NUM_HEADS, V_HEAD_DIM))
     need_tensor(fn, "splitLse", splitLse, dtype=torch.float32,
                 shape=(partial_rows, 1, NUM_HEADS, 1))
-    need_tensor(fn, "lse", lse, dtype=torch.float32, shape=(total_q, NUM_HEADS), optional=True)
+    if need_tensor(fn, "lse", lse, dtype=torch.float32, shape=(total_q, NUM_HEADS),
+                   optional=True):
+        kernel = lse_kernel(fn, kernel, max_seqlen_q)
     # the suspected one-token-per-page reading is the fp8 q-length-1 kernel's (no paged build)
-    first_only = _page_mode == "first_token" and page_size > 1 and kernel == A8W8_Q1_KERNEL
+    first_only = (_page_mode == "first_token" and page_size > 1
+                  and kernel in (A8W8_Q1_KERNEL, LSE_VARIANTS[A8W8_Q1_KERNEL]))
     LOG.append((fn, {"page_size": page_size, "batch": batch, "items": len(items),
                      "first_token": first_only, "kernel": kernel}))
 
@@ -616,6 +675,20 @@ def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_
                    "reduce_partial_map.size(0) * max_seqlen_q")
             splitData[row:row + count, 0] = out.reshape(count, NUM_HEADS, V_HEAD_DIM)
             splitLse[row:row + count, 0, :, 0] = row_lse.reshape(count, NUM_HEADS)
+
+
+def lse_kernel(fn, kernel, max_seqlen_q):
+    """The kernel a persistent stage 1 given an lse tensor runs, or aiter's refusal (FEATURES)."""
+    expect(FEATURES["lse"] == "variant",
+           f"{fn}: 'lse' given, but at this aiter no 16-head q-length-1 kernel writes it (the "
+           "tensor would keep what it held)")
+    variant = LSE_VARIANTS.get(kernel)
+    q_type, kv_type, gqa, ps, q_len = KERNEL_KEYS[kernel]
+    expect(variant is not None,
+           f"{fn}: get_heuristic_kernel_mla: cannot get heuristic kernel! q_type:{q_type} "
+           f"kv_type:{kv_type} gqa:{gqa} ps:{ps} prefill:0 causal:1 qseqlen:{q_len or max_seqlen_q} "
+           "lse:1 cprr:0")
+    return variant
 
 
 def reduce(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_partial_map,
