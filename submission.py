@@ -309,20 +309,35 @@ def fp8_tensor_scale(x, fp8_dtype):
 
 
 @triton.jit
-def _row_range(QO_INDPTR, KV_INDPTR, batch, kv_rows, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[begin, end) of this split's KV rows, and the row's poison: 0.0, or NaN when the indptrs do
-    not describe decode over this cache (qo_indptr[batch] != batch, or the row's KV segment
-    reaches outside rows [0, kv_rows) or runs backwards). A poisoned row reads nothing (begin =
-    end) and its output is NaN. The row's rows are cut into NUM_SPLITS whole-tile chunks (a short
-    row leaves the last splits empty: begin >= end)."""
+def _row_poison(QO_INDPTR, batch, kv_begin, kv_end, kv_rows):
+    """0.0, or NaN when the indptrs do not describe decode over this cache: qo_indptr[batch] !=
+    batch (one query row per batch row), or the row's KV segment [kv_begin, kv_end) reaches
+    outside rows [0, kv_rows) or runs backwards. Added to the row's output scale: a poisoned row
+    comes back NaN, never as plausible numbers."""
     q_row = tl.load(QO_INDPTR + batch)
-    kv_begin = tl.load(KV_INDPTR + batch)
-    kv_end = tl.load(KV_INDPTR + batch + 1)
     bad = (q_row != batch) | (kv_begin < 0) | (kv_end > kv_rows) | (kv_end < kv_begin)
-    kv_end = tl.where(bad, kv_begin, kv_end)
+    return tl.where(bad, float("nan"), 0.0)
+
+
+@triton.jit
+def _split_bounds(kv_begin, kv_end, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[begin, end) of this split's KV rows: the row's rows cut into NUM_SPLITS whole-tile chunks
+    (a short row leaves the last splits empty: begin >= end)."""
     split_len = tl.cdiv(tl.cdiv(kv_end - kv_begin, NUM_SPLITS), BLOCK_N) * BLOCK_N
     split_begin = kv_begin + split * split_len
-    return split_begin, tl.minimum(split_begin + split_len, kv_end), tl.where(bad, float("nan"), 0.0)
+    return split_begin, tl.minimum(split_begin + split_len, kv_end)
+
+
+@triton.jit
+def _row_range(QO_INDPTR, KV_INDPTR, batch, kv_rows, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This split's [begin, end) and the row's poison (_row_poison) for kernels that load KV rows
+    with plain loads: a poisoned row reads nothing (begin = end)."""
+    kv_begin = tl.load(KV_INDPTR + batch)
+    kv_end = tl.load(KV_INDPTR + batch + 1)
+    poison = _row_poison(QO_INDPTR, batch, kv_begin, kv_end, kv_rows)
+    split_begin, split_end = _split_bounds(kv_begin, tl.where(poison != poison, kv_begin, kv_end), split, NUM_SPLITS,
+                                           BLOCK_N)
+    return split_begin, split_end, poison
 
 
 @triton.jit
@@ -609,7 +624,7 @@ def _mla_decode_mxfp4_kernel(
           nibble interleave), Q' = Q * 2^-q_exp permuted the same way; six dots, row t times
           2^(ref_t - 128 + q_exp). Runs under the interpreter.
       "e4m3": tl.dot_scaled on the packed tiles with Q quantised in-kernel to MXFP8 (gfx950 issues
-          the native v_mfma_scale_f32_16x16x128_f8f6f4; Q's rounding adds ~1-2% error). Triton 3.6's
+          the native v_mfma_scale_f32_16x16x128_f8f6f4; Q's rounding adds to the error). Triton 3.6's
           interpreter has no dot_scaled: compiled, not CPU-tested.
     O^T: four (128 x 16) float32 accumulators (even/odd x lower/upper half) holding sum_t w_t V'_t
     with w_t = 2^(s_t - m + ref_t - W) in f16 (<= 1; s_t the base-2 score, m its running max, W the
@@ -820,7 +835,7 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
 # NVIDIA Hopper only (H100, H200), written in Gluon, the explicit-layout dialect that ships with
 # Triton 3.6. Why a second kernel: P.V needs V^T, and V is stored token-major. tl.dot can only get
 # V^T into the MMA by converting the fp8 tile to f16 in registers through byte-wise transposed
-# shared-memory reads, which holds the portable kernel at 2.3x the byte floor on the H200 (v2-v6).
+# shared-memory reads, which holds the portable kernel far from the byte floor (NOTES.md v2-v6).
 # Here the kernel reads each fp8 V chunk from its TMA tile straight into the register fragment of
 # V^T that the fp8 wgmma takes as its A operand (4 tokens x 4 dims per thread, the bytes repacked
 # in registers), so both products are fp8 wgmma fed by TMA and nothing is copied back to shared
@@ -1179,7 +1194,7 @@ def _mla_decode_fp8_hopper_kernel(
     NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split, merged by _merge_row.
     Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; past the
     cache TMA reads zeros); q; out; per split a 32 KiB float32 partial. A row whose indptr entries
-    reach outside the cache reads nothing and comes back NaN (_row_range)."""
+    reach outside the cache comes back NaN (_row_poison)."""
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE)
     gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
@@ -1197,7 +1212,12 @@ def _mla_decode_fp8_hopper_kernel(
     # memory latency (h8).
     kv_scale = gl.load(KV_SCALE)
     q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
-    kv_begin, kv_end, poison = _row_range(QO_INDPTR, KV_INDPTR, batch, kv_rows, split, NUM_SPLITS, BLOCK_N)
+    row_begin = gl.load(KV_INDPTR + batch)
+    row_end = gl.load(KV_INDPTR + batch + 1)
+    # TMA reads nothing outside the cache (boxes past its rows come back as zeros), so the range
+    # is not clamped here; a row outside it is poisoned off the critical path
+    poison = _row_poison(QO_INDPTR, batch, row_begin, row_end, kv_rows)
+    kv_begin, kv_end = _split_bounds(row_begin, row_end, split, NUM_SPLITS, BLOCK_N)
     num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
 
     kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK], lat_desc.layout)
@@ -1377,15 +1397,13 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
 #   aiter_a8w8_persistent   mla_decode_stage1_asm_fwd + mla_reduce_v1 called directly over a work
 #                           plan from get_mla_metadata_v1, the fp8 KV seen as pages, fp8 q
 #   aiter_a16w8_persistent  the same calls with bf16 q over the fp8 KV (aiter's a16w8 kernel)
-# aiter's API drifts. The runner's aiter is f3be04a12 (2026-03-04). Known since: stage 1 gained an
-# optional `lse` right after `output` (before q_scale) on 2026-03-16; on 2026-06-11 mla_reduce_v1
-# gained `num_kv_splits: int` between max_seqlen_q and final_output and get_mla_metadata_info_v1
-# gained max_split_per_batch; on one commit (fede90f463, 2026-07-13) get_mla_metadata_v1 took
-# dtype_q_nope / dtype_kv_nope instead of dtype_q / dtype_kv. The compiled ops' parameter lists
-# (stage 1, the reduce, get_mla_metadata_v1) and get_mla_metadata_info_v1's are read ONCE at
-# import; the two kernels get their values positionally in the order read, as aiter's own wrapper
-# calls them, the metadata calls get theirs by the names read. Anything this file cannot call
-# correctly turns the aiter routes off (one warning line, Triton routes).
+# aiter's API drifts (docs/runner.md, "Which aiter versions the file was checked against": the
+# runner's f3be04a12 and v0.1.20 of 2026-08-22, read, and every generation between them in the test
+# double). The rule: the compiled ops' parameter lists (stage 1, the reduce) and the metadata
+# functions' are read ONCE at import; the two kernels get their values positionally in the order
+# read, up to the last one this file fills (q_scale, kv_scale; `lse` stays None: aiter has no lse
+# build of the a16w8 kernel), the metadata calls get theirs by the names read. Anything this file
+# cannot call correctly turns the aiter routes off (one warning line, Triton routes).
 # =============================================================================================
 
 # Values this file fills, by parameter name, in the newest known order. OPTIONAL names may be
@@ -2589,7 +2607,7 @@ def race_inputs(batch, kv_len, kv_formats, fp8_dtype, device, seed=RACE_SEED):
     return q, kv_data, indptr, indptr * kv_len, config
 
 
-def _report(**fields):
+def _emit(**fields):
     sys.stdout.write(json.dumps(fields) + "\n")
     sys.stdout.flush()
 
@@ -2606,10 +2624,10 @@ def race_child_main():
     options = job.get("options") or {}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     raised = {}  # candidate_kernel -> (shape, "raised@BxK") of kernels that raised here
-    _report(ready=True)
+    _emit(ready=True)
     for row in job["rows"]:
         batch, kv_len = row["shape"]
-        _report(row=row["shape"])
+        _emit(row=row["shape"])
         kv_formats = {ROUTE_INFO[c["route"]]["kv_format"] for _, c in row["candidates"] if c["route"] in ROUTE_INFO}
         inputs = []
         for seed in options.get("seeds", [RACE_SEED]):
@@ -2618,9 +2636,9 @@ def race_child_main():
         for index, candidate in row["candidates"]:
             kernel = candidate_kernel(candidate)
             if kernel in raised and raised[kernel][0] != row["shape"]:
-                _report(end=[row["shape"], index], **_failure(raised[kernel][1], "its kernel raised in an earlier row"))
+                _emit(end=[row["shape"], index], **_failure(raised[kernel][1], "its kernel raised in an earlier row"))
                 continue
-            _report(start=[row["shape"], index])
+            _emit(start=[row["shape"], index])
             result = race_measure(candidate, inputs, batch * kv_len, options)
             if result.get("why", "").startswith("raised"):
                 raised.setdefault(kernel, (row["shape"], f"raised@{batch}x{kv_len}"))
@@ -2628,9 +2646,9 @@ def race_child_main():
                 try:  # a fault that poisons the GPU context fails every later candidate: end here
                     torch.cuda.synchronize()
                 except Exception as exc:
-                    _report(fatal="GPU unusable: " + " ".join(str(exc).split())[:200])
+                    _emit(fatal="GPU unusable: " + " ".join(str(exc).split())[:200])
                     sys.exit(3)
-            _report(end=[row["shape"], index], **result)
+            _emit(end=[row["shape"], index], **result)
         del inputs
 
 
@@ -2857,7 +2875,7 @@ def _measuring_process(rows, fp8_dtype, options, measuring, deadline):
     except OSError:
         pass  # it died already: its exit is read below
     try:
-        return _follow(proc, rows, options, measuring, deadline)
+        return _apply_reports(proc, rows, options, measuring, deadline)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -2866,7 +2884,7 @@ def _measuring_process(rows, fp8_dtype, options, measuring, deadline):
         log.close()
 
 
-def _follow(proc, rows, options, measuring, deadline):
+def _apply_reports(proc, rows, options, measuring, deadline):
     """Applies the measuring process's reports, then what ended it (see _measuring_process)."""
     ready, shape, current, fatal = False, None, None, None
     for event in _reports(proc, deadline, options.get("candidate_limit_s", RACE_CANDIDATE_LIMIT_S)):

@@ -6,8 +6,7 @@ row and overall, against the race's budget.
 
 What is compiled, in race order (the tables' row order, each row's candidates in order):
 - AITER_ROUTE_TABLE's racing rows (the rows with "candidates"), their Triton candidates, for
-  gfx950 (MI355X, what the runner compiles) and for sm90 (H200: a second machine's figure; AMD
-  knobs are HIP options, so a candidate with knobs is compiled for sm90 without them, marked);
+  gfx950 (MI355X, what the runner compiles) and for sm90 (H200: a second machine's figure);
 - TRITON_ROUTE_TABLE's racing rows, every candidate (Gluon hopper_fp8 and triton_fp8), for sm90.
 Targets, each in its own process with its own fresh TRITON_CACHE_DIR (set before Triton is
 imported), run side by side (one process each, so each one's times are a single core's, as the
@@ -36,6 +35,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+import submission  # noqa: E402  (route_label)
 
 TARGETS = ("gfx950", "sm90", "sm90-launch")
 JOB_BUDGET_S = 90.0  # all racing rows of one job, compiles included
@@ -69,19 +70,6 @@ def target_work(work, target):
     if target == "sm90-launch":
         return [w for w in work if w[0] == "TRITON_ROUTE_TABLE"]
     return list(work)
-
-
-AMD_KNOBS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
-
-
-def params_for(target, params):
-    """(params compiled for target, note): AMD knobs are dropped off HIP."""
-    if target == "gfx950":
-        return dict(params), ""
-    dropped = [k for k in AMD_KNOBS if params.get(k) is not None]
-    if not dropped:
-        return dict(params), ""
-    return {k: v for k, v in params.items() if k not in AMD_KNOBS}, f"(AMD knobs {', '.join(dropped)} dropped)"
 
 
 def summarise(results):
@@ -146,10 +134,6 @@ def format_results(results, summary, overall):
 # Workers (one process per target)
 
 
-def _label(candidate):
-    return f'{candidate["route"]} {json.dumps(candidate["params"], sort_keys=True, separators=(",", ":"))}'
-
-
 def offline_worker(target):
     """Ahead-of-time compiles for one target, in race order; [(table, row, shape, label, s, note)]."""
     from tools import kernel_report as kr
@@ -159,10 +143,10 @@ def offline_worker(target):
     seen, out = set(), []
     for table, row, shape, candidates in target_work(racing_work(module), target):
         for candidate in candidates:
-            params, note = params_for(target, candidate["params"])
-            seconds = 0.0
+            seconds, note = 0.0, ""
             try:
-                for entry in module.triton_compile_plan(candidate["route"], copy.deepcopy(params), spec.fp8_dtype):
+                for entry in module.triton_compile_plan(candidate["route"], copy.deepcopy(candidate["params"]),
+                                                        spec.fp8_dtype):
                     if entry.get("targets") is not None and target not in entry["targets"]:
                         continue
                     unit = kr.complete_plan_entry(entry, spec)
@@ -177,7 +161,7 @@ def offline_worker(target):
                     seconds += time.perf_counter() - t0
             except Exception as exc:  # reported, the others still measured
                 seconds, note = None, f"FAILED {type(exc).__name__}: {str(exc)[:200]}"
-            out.append((table, row, shape, _label(candidate), seconds, note))
+            out.append((table, row, shape, submission.route_label(candidate), seconds, note))
     return out
 
 
@@ -187,15 +171,15 @@ def launch_worker():
     import torch
 
     import reference
-    import submission
 
     data = reference.generate_input(2, 1, 256, seed=1, device="cuda")
     out = []
     for table, row, shape, candidates in target_work(racing_work(submission), "sm90-launch"):
         for candidate in candidates:
+            label = submission.route_label(candidate)
             route = submission.ROUTES.get(candidate["route"])
             if route is None:
-                out.append((table, row, shape, _label(candidate), None, "route absent here"))
+                out.append((table, row, shape, label, None, "route absent here"))
                 continue
             times = []
             try:
@@ -205,9 +189,9 @@ def launch_worker():
                     route(*data, **candidate["params"])
                     torch.cuda.synchronize()
                     times.append(time.perf_counter() - t0)
-                out.append((table, row, shape, _label(candidate), max(times[0] - times[1], 0.0), ""))
+                out.append((table, row, shape, label, max(times[0] - times[1], 0.0), ""))
             except Exception as exc:
-                out.append((table, row, shape, _label(candidate), None, f"FAILED {type(exc).__name__}: {exc}"[:200]))
+                out.append((table, row, shape, label, None, f"FAILED {type(exc).__name__}: {exc}"[:200]))
     return out
 
 

@@ -22,14 +22,6 @@ def test_race_order_and_targets():
     assert ct.target_work(work, "sm90") == work
 
 
-def test_amd_knobs_are_dropped_off_hip_only():
-    params = {"num_splits": 2, "block_n": 32, "waves_per_eu": 2, "matrix_instr_nonkdim": 16}
-    assert ct.params_for("gfx950", params) == (params, "")
-    compiled, note = ct.params_for("sm90", params)
-    assert compiled == {"num_splits": 2, "block_n": 32} and "waves_per_eu, matrix_instr_nonkdim" in note
-    assert ct.params_for("sm90", {"num_splits": 2}) == ({"num_splits": 2}, "")
-
-
 def test_totals_and_budget():
     results = {
         "gfx950": [("AITER_ROUTE_TABLE", 0, (4, 1024), "triton_fp8 {}", 2.0, ""),

@@ -1,23 +1,20 @@
 """tools/kernel_report.py: every Triton kernel config compiles for gfx950 (MI355X) and sm_90 (H100/H200)
 with no spills, no scratch, LDS within bounds and the matrix instructions it is meant to use.
 
-Runs on CPU: nothing is launched, the kernels are compiled ahead of time (one process per target,
-see the tool's docstring) and the compiler's report is read back. The module under test is
-submission.py. The report is built once per session (module-scoped fixture) for gfx950, gfx942
-and sm90.
+Runs on CPU: nothing is launched, the kernels of submission.py are compiled ahead of time (one
+process per target) and the compiler's report is read back, once per session (module-scoped
+fixture) for gfx950, gfx942 and sm90; the parsers (tools/kernel_asm.py) are tested on snippets.
 
 The bar (a failure names the config and its numbers: choose another config in the route table):
 - gfx950 and sm90: every config compiles, 0 spills, 0 scratch / stack frame, LDS / shared memory
   within the per-block limit (gfx950 160 KiB, sm90 227 KiB), matrix instructions in the hot loop;
   the fp8 route's hot loop uses fp8 MMA (gfx950: v_mfma with fp8 / f8f6f4 operands that decode to
-  fp8; sm90: wgmma / mma with e4m3 or e5m2 operands). A config opts out of fp8 for Q.K only by
-  setting the constexpr QK_FP8=False explicitly; it must still use matrix instructions.
+  fp8; sm90: wgmma / mma with e4m3 or e5m2 operands).
 - gfx942 (MI300X) is REPORT ONLY: the leaderboard runs on MI355X. test_gfx942_report_only passes
   when a config fits MI300X (compiles, no spills, LDS <= 64 KiB) and xfails with the numbers when it
   does not; it never fails the suite.
-- mxfp4 route (when present): a config whose code uses tl.dot_scaled (its TTIR holds
-  tt.dot_scaled; a constexpr branch may remove it) must have v_mfma_scale in the gfx950 hot loop;
-  otherwise its instructions are only reported.
+- mxfp4 route: a config with qk_dot_scaled "e4m3" compiles to tt.dot_scaled and has v_mfma_scale in
+  its gfx950 hot loop; one with "none" uses neither.
 - No unguarded inline assembly (inline_asm_elementwise outside a per-target `if`).
 """
 import json
@@ -32,32 +29,22 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import submission  # noqa: E402
+from tools import kernel_asm as ka  # noqa: E402
 from tools import kernel_report as kr  # noqa: E402
 
-MODULE_CANDIDATES = ("submission.py",)
 BAR_TARGETS = ("gfx950", "sm90")
 REPORT_TARGETS = ("gfx950", "gfx942", "sm90")
-FP8_OPT_OUT_CONSTEXPR = "QK_FP8"
 
 
-def module_under_test():
-    """The first candidate that defines triton_compile_plan, or None."""
-    for name in MODULE_CANDIDATES:
-        path = REPO_ROOT / name
-        if path.exists() and kr.defines_compile_plan(path):
-            return name
-    return None
-
-
-@pytest.fixture(scope="module", params=[module_under_test()], ids=lambda m: str(m))
-def report(request, tmp_path_factory):
-    module = request.param
-    if module is None:
-        pytest.fail(f"none of {MODULE_CANDIDATES} defines triton_compile_plan(route, params, fp8_dtype): "
-                    "the Triton kernels cannot be compiled ahead of time")
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("kernel_report") / "report.json"
-    kr.main(["--module", module, "--targets", ",".join(REPORT_TARGETS), "--json", str(out)])
+    kr.main(["--module", "submission.py", "--targets", ",".join(REPORT_TARGETS), "--json", str(out)])
     return json.loads(out.read_text())
+
+
+def label(row):
+    return submission.route_label({"route": row["route"], "params": row["params"]})
 
 
 def records(report, target):
@@ -71,31 +58,44 @@ def compiled(report, target):
 
 
 # ---------------------------------------------------------------------------------------------
-# Discovery
+# Coverage
 
 
-def test_module_choice_prefers_submission():
-    chosen = module_under_test()
-    assert chosen is not None
-    if kr.defines_compile_plan(REPO_ROOT / "submission.py"):
-        assert chosen == "submission.py"
+def table_configurations():
+    """{label: targets} of every row and candidate of both route tables with a compile plan (the
+    aiter table's run on the AMD targets only)."""
+    out = {}
+    for table in ("TRITON_ROUTE_TABLE", "AITER_ROUTE_TABLE"):
+        for row in getattr(submission, table):
+            for c in [row, *(row.get("candidates") or [])]:
+                if c["route"] in submission.TRITON_COMPILE_PLANS:
+                    targets = kr.AITER_TARGETS if table == "AITER_ROUTE_TABLE" else set(kr.TARGETS)
+                    out.setdefault(label(c), set()).update(targets)
+    return out
 
 
 def test_every_route_row_and_kernel_is_covered(report):
     assert not report["worker_errors"], report["worker_errors"]
     assert not report["errors"], "\n".join(report["errors"])
-    assert report["rows"], f"no TRITON_ROUTE_TABLE / TRITON_EXTRA_CONFIGS rows in {report['tables_from']}"
-    empty = [label for label in report["rows_without_kernels"] if label.startswith("triton")]
-    assert not empty, f"route-table rows whose compile plan is empty (nothing was compiled): {empty}"
+    expected = table_configurations()
+    assert {row["label"]: set(row["targets"]) for row in report["rows"]} == expected
+    assert all(row["label"] == label(row) for row in report["rows"])
+    assert not report["rows_without_kernels"], (
+        f"route-table rows whose compile plan is empty (nothing was compiled): {report['rows_without_kernels']}")
     assert not report["uncovered_kernels"], (
-        f"@triton.jit kernels of {report['module']} that no route-table row or TRITON_EXTRA_CONFIGS "
-        f"entry selects, so they were never compiled: {report['uncovered_kernels']}")
+        f"@triton.jit kernels of {report['module']} that no route-table row or candidate selects, so they were "
+        f"never compiled: {report['uncovered_kernels']}")
     for target in REPORT_TARGETS:
         labels = {row["label"] for r in records(report, target) for row in r["rows"]}
-        missing = [kr.config_label(row["route"], row["params"]) for row in report["rows"]
-                   if row["route"].startswith("triton") and target in row.get("targets", REPORT_TARGETS)
-                   and kr.config_label(row["route"], row["params"]) not in labels]
+        missing = []
+        for row in report["rows"]:
+            plan = submission.triton_compile_plan(row["route"], row["params"], kr.TARGETS[target].fp8_dtype)
+            planned_here = any(target in (entry.get("targets") or kr.TARGETS) for entry in plan)
+            if target in row["targets"] and planned_here and row["label"] not in labels:
+                missing.append(row["label"])
         assert not missing, f"{target}: rows with no compiled kernel: {missing}"
+    compiled_somewhere = {row["label"] for r in report["records"] for row in r["rows"]}
+    assert set(expected) <= compiled_somewhere, f"rows compiled for no target: {set(expected) - compiled_somewhere}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,24 +134,17 @@ def test_matrix_instructions_in_every_hot_loop(report, target):
 def test_fp8_route_uses_fp8_mma(report, target):
     fp8 = [r for r in compiled(report, target) if r["kv_format"] == "fp8"]
     assert fp8, f"{target}: no fp8 route compiled"
-    bad = []
-    for r in fp8:
-        if r["all_constexprs"].get(FP8_OPT_OUT_CONSTEXPR) is False:
-            continue  # explicit opt-out: Q.K in f16 (still needs MMA, checked above)
-        if not any(kr.is_fp8_mma(kind) for kind in r["mma"]["loop"]):
-            bad.append(kr.describe_record(r))
+    bad = [kr.describe_record(r) for r in fp8 if not any(ka.is_fp8_mma(kind) for kind in r["mma"]["loop"])]
     assert not bad, (f"{target}: fp8 route whose hot loop has no fp8 matrix instruction (it fell back to "
                      "f16/bf16 MMA or scalar FMA):\n" + "\n".join(bad))
 
 
 def test_hopper_kernel_compiles_for_sm90_only_with_both_products_in_fp8(report):
     hopper = [r for r in report["records"] if r["kernel"] == "_mla_decode_fp8_hopper_kernel"]
-    if not hopper:
-        pytest.skip("this Triton has no Gluon: the Hopper route has no compile plan")
     assert {r["target"] for r in hopper} == {"sm90"}
     for r in hopper:
         assert r["compiled"] and r["mma"]["loop"], kr.describe_record(r)
-        assert all(kr.is_fp8_mma(kind) for kind in r["mma"]["loop"]), kr.describe_record(r)
+        assert all(ka.is_fp8_mma(kind) for kind in r["mma"]["loop"]), kr.describe_record(r)
         # the cooperative merge's residency rule holds for the compiled kernel: shared memory
         # within the route's bound, and as many resident programs per SM as the rule assumes
         stages, warps = r["all_constexprs"]["STAGES"], r["all_constexprs"]["WARPS"]
@@ -160,16 +153,15 @@ def test_hopper_kernel_compiles_for_sm90_only_with_both_products_in_fp8(report):
         assert resident >= submission.hopper_programs_per_sm(warps, stages), kr.describe_record(r)
 
 
-def test_mxfp4_route_uses_scaled_mfma_on_gfx950(report):
-    mx = [r for r in compiled(report, "gfx950") if r["kv_format"] == "mxfp4" or "mxfp4" in r["route"]]
-    if not mx:
-        pytest.skip("no mxfp4 Triton route in the route tables yet")
-    scaled = [r for r in mx if r["uses_dot_scaled"]]
-    if not scaled:
-        pytest.skip("mxfp4 configs do not use tl.dot_scaled: report only: "
-                    + "; ".join(kr.describe_record(r) for r in mx))
-    bad = [kr.describe_record(r) for r in scaled if not any(kr.is_scaled_mma(k) for k in r["mma"]["loop"])]
-    assert not bad, "mxfp4 kernel on tl.dot_scaled without v_mfma_scale in its gfx950 hot loop:\n" + "\n".join(bad)
+def test_mxfp4_route_uses_scaled_mfma_on_gfx950_where_it_asks_for_it(report):
+    """qk_dot_scaled "e4m3": tl.dot_scaled in the code and v_mfma_scale in the hot loop; "none": neither."""
+    mx = [r for r in compiled(report, "gfx950") if r["kv_format"] == "mxfp4"]
+    modes = {r["params"].get("qk_dot_scaled", "none") for r in mx}
+    assert modes == {"none", "e4m3"}, f"the tables race both mxfp4 modes on gfx950: {modes}"
+    for r in mx:
+        scaled = r["params"].get("qk_dot_scaled", "none") == "e4m3"
+        assert r["uses_dot_scaled"] == scaled, kr.describe_record(r)
+        assert any(ka.is_scaled_mma(k) for k in r["mma"]["loop"]) == scaled, kr.describe_record(r)
 
 
 @pytest.mark.parametrize("target", ("gfx950", "gfx942"))
@@ -202,12 +194,9 @@ def test_gfx950_compiles_as_the_hip_jit_does_with_buffer_loads(report):
         assert any(k.startswith("buffer_load_dwordx4") for k in r["loads"]["loop"]), kr.describe_record(r)
 
 
-def test_knob_options_reach_the_compile_and_the_columns(report):
-    for r in compiled(report, "gfx950"):
-        for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
-            if any(name in row["params"] for row in r["rows"]):
-                assert r["options"][name] == r["rows"][0]["params"][name], kr.describe_record(r)
-                assert f"{name}=" in kr._compiled_as(r)
+def test_the_products_configurations_compile_with_no_further_options(report):
+    for r in report["records"]:
+        assert set(r["options"]) == {"num_warps", "num_stages"}, kr.describe_record(r)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,50 +238,50 @@ def test_markdown_and_text_tables(report):
 
 
 def test_amd_mma_kinds():
-    assert kr.amd_mma_in_line("\tv_mfma_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:19], 0") == \
+    assert ka.amd_mma_in_line("\tv_mfma_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:19], 0") == \
         "v_mfma_f32_16x16x128_f8f6f4 fp8.fp8"
-    assert kr.amd_mma_in_line("\tv_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:7], v[8:11], 0, v1, v2 "
+    assert ka.amd_mma_in_line("\tv_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:7], v[8:11], 0, v1, v2 "
                               "op_sel_hi:[0,0,0] cbsz:4 blgp:4") == "v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4"
-    assert kr.amd_mma_in_line("\tv_mfma_f32_16x16x32_fp8_fp8 v[0:3], v[4:5], v[6:7], v[0:3]") == \
+    assert ka.amd_mma_in_line("\tv_mfma_f32_16x16x32_fp8_fp8 v[0:3], v[4:5], v[6:7], v[0:3]") == \
         "v_mfma_f32_16x16x32_fp8_fp8 fp8.fp8"
-    assert kr.amd_mma_in_line("\tv_mfma_f32_32x32x16_bf8_fp8 a[0:15], v[4:5], v[6:7], 0") == \
+    assert ka.amd_mma_in_line("\tv_mfma_f32_32x32x16_bf8_fp8 a[0:15], v[4:5], v[6:7], 0") == \
         "v_mfma_f32_32x32x16_bf8_fp8 bf8.fp8"
-    assert kr.amd_mma_in_line("\tv_mfma_f32_16x16x32_f16 v[0:3], v[4:7], v[8:11], v[0:3]") == \
+    assert ka.amd_mma_in_line("\tv_mfma_f32_16x16x32_f16 v[0:3], v[4:7], v[8:11], v[0:3]") == \
         "v_mfma_f32_16x16x32_f16 f16.f16"
-    assert kr.amd_mma_in_line("\tv_mfma_f32_32x32x8f16 a[0:15], v[0:1], v[2:3], a[0:15]") == \
+    assert ka.amd_mma_in_line("\tv_mfma_f32_32x32x8f16 a[0:15], v[0:1], v[2:3], a[0:15]") == \
         "v_mfma_f32_32x32x8f16 f16.f16"
-    assert kr.amd_mma_in_line("\tv_mfma_f32_32x32x4bf16_1k a[0:15], v[0:1], v[2:3], 0") == \
+    assert ka.amd_mma_in_line("\tv_mfma_f32_32x32x4bf16_1k a[0:15], v[0:1], v[2:3], 0") == \
         "v_mfma_f32_32x32x4bf16_1k bf16.bf16"
-    assert kr.amd_mma_in_line("\tv_fma_f32 v0, v1, v2, v3") is None
-    assert kr.amd_mma_in_line("; v_mfma_f32_16x16x32_f16 in a comment") is None
-    assert kr.is_fp8_mma("v_mfma_f32_16x16x128_f8f6f4 fp8.fp8")
-    assert not kr.is_fp8_mma("v_mfma_f32_16x16x32_f16 f16.f16")
-    assert not kr.is_fp8_mma("v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4")
-    assert kr.is_scaled_mma("v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4")
+    assert ka.amd_mma_in_line("\tv_fma_f32 v0, v1, v2, v3") is None
+    assert ka.amd_mma_in_line("; v_mfma_f32_16x16x32_f16 in a comment") is None
+    assert ka.is_fp8_mma("v_mfma_f32_16x16x128_f8f6f4 fp8.fp8")
+    assert not ka.is_fp8_mma("v_mfma_f32_16x16x32_f16 f16.f16")
+    assert not ka.is_fp8_mma("v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4")
+    assert ka.is_scaled_mma("v_mfma_scale_f32_16x16x128_f8f6f4 fp4.fp4")
 
 
 def test_load_kinds_and_widths():
-    assert kr.amd_load_in_line("\tbuffer_load_dwordx4 v[0:3], v4, s[8:11], 0 offen") == "buffer_load_dwordx4"
-    assert kr.amd_load_in_line("\tglobal_load_dwordx2 v[0:1], v[2:3], off") == "global_load_dwordx2"
-    assert kr.amd_load_in_line("\tglobal_load_ubyte v0, v[2:3], off") == "global_load_ubyte"
-    assert kr.amd_load_in_line("\tglobal_load_lds_dwordx4 v[2:3], off") == "global_load_lds_dwordx4"
-    assert kr.amd_load_in_line("\tglobal_store_dwordx4 v[0:1], v[2:5], off") is None
-    assert kr.amd_load_in_line("\tds_read_b128 v[0:3], v4") is None
-    assert kr.amd_load_in_line("; global_load_dword in a comment") is None
-    assert kr.ptx_load_in_line("\tld.global.nc.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];") == "ld.global.v4.b32"
-    assert kr.ptx_load_in_line("\t@%p1 ld.global.b16 { %rs1 }, [ %rd2 + 0 ];") == "ld.global.b16"
-    assert kr.ptx_load_in_line("\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x10, %r2;") == "cp.async 16B"
-    assert kr.ptx_load_in_line("\t@%p3 cp.async.ca.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x4, %r2;") == "cp.async 4B"
-    assert kr.ptx_load_in_line("\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 16, %r2;") == "cp.async 16B"
-    assert kr.ptx_load_in_line("\tcp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+    assert ka.amd_load_in_line("\tbuffer_load_dwordx4 v[0:3], v4, s[8:11], 0 offen") == "buffer_load_dwordx4"
+    assert ka.amd_load_in_line("\tglobal_load_dwordx2 v[0:1], v[2:3], off") == "global_load_dwordx2"
+    assert ka.amd_load_in_line("\tglobal_load_ubyte v0, v[2:3], off") == "global_load_ubyte"
+    assert ka.amd_load_in_line("\tglobal_load_lds_dwordx4 v[2:3], off") == "global_load_lds_dwordx4"
+    assert ka.amd_load_in_line("\tglobal_store_dwordx4 v[0:1], v[2:5], off") is None
+    assert ka.amd_load_in_line("\tds_read_b128 v[0:3], v4") is None
+    assert ka.amd_load_in_line("; global_load_dword in a comment") is None
+    assert ka.ptx_load_in_line("\tld.global.nc.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];") == "ld.global.v4.b32"
+    assert ka.ptx_load_in_line("\t@%p1 ld.global.b16 { %rs1 }, [ %rd2 + 0 ];") == "ld.global.b16"
+    assert ka.ptx_load_in_line("\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x10, %r2;") == "cp.async 16B"
+    assert ka.ptx_load_in_line("\t@%p3 cp.async.ca.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x4, %r2;") == "cp.async 4B"
+    assert ka.ptx_load_in_line("\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 16, %r2;") == "cp.async 16B"
+    assert ka.ptx_load_in_line("\tcp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
                                "[%r1], [%rd1, {%r2, %r3}], [%r4];") == "cp.async.bulk.tensor"
-    assert kr.ptx_load_in_line("\tst.global.v4.b32 [ %rd1 + 0 ], { %r1, %r2, %r3, %r4 };") is None
+    assert ka.ptx_load_in_line("\tst.global.v4.b32 [ %rd1 + 0 ], { %r1, %r2, %r3, %r4 };") is None
     widths = {"buffer_load_dwordx4": 128, "global_load_dwordx2": 64, "buffer_load_dword": 32,
               "buffer_load_ushort": 16, "global_load_ubyte": 8, "global_load_lds_dwordx4": 128,
               "ld.global.v4.b32": 128, "ld.global.v2.b32": 64, "ld.global.b16": 16, "cp.async 16B": 128,
               "cp.async.bulk.tensor": None}
     for name, bits in widths.items():
-        assert kr.load_bits(name) == bits, name
+        assert ka.load_bits(name) == bits, name
     asm = textwrap.dedent("""\
         \tglobal_load_dwordx4 v[0:3], v[4:5], off
         .LBB0_2:                                ; =>This Inner Loop Header: Depth=1
@@ -303,8 +292,8 @@ def test_load_kinds_and_widths():
         ; %bb.3:
         \tglobal_load_dword v1, v[4:5], off
         """)
-    header = kr.matrix_instructions(asm, kr.amd_mma_in_line)["loop_header"]
-    loads = kr.global_loads(asm, kr.amd_load_in_line, header)
+    header = ka.matrix_instructions(asm, ka.amd_mma_in_line)["loop_header"]
+    loads = ka.global_loads(asm, ka.amd_load_in_line, header)
     assert loads["loop"] == {"buffer_load_dwordx4": 1, "buffer_load_ubyte": 1}
     assert loads["loop_widest_bits"] == 128 and loads["total_widest_bits"] == 128
     assert loads["total"]["global_load_dword"] == 1
@@ -322,18 +311,30 @@ def test_plan_entries_get_the_hip_2gib_mark_on_amd_targets_only():
     assert amd_attrs[stride] == [["tt.divisibility", 16]]  # integers are not pointers
 
 
+def test_plan_entry_options_join_the_compile_options_and_the_columns():
+    (entry,) = submission.triton_compile_plan("triton_fp8", {"num_splits": 2, "num_warps": 4, "num_stages": 2})
+    entry["kernel"] = kr.load_module(REPO_ROOT / "submission.py")._mla_decode_fp8_kernel
+    *_, options = kr.complete_plan_entry(entry, kr.TARGETS["gfx950"])
+    assert options == {"num_warps": 4, "num_stages": 2}
+    entry["options"] = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}  # as tools/gfx950_sweep.py adds them
+    *_, options = kr.complete_plan_entry(entry, kr.TARGETS["gfx950"])
+    assert options == {"num_warps": 4, "num_stages": 2, "waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+    shown = kr._compiled_as({"constexprs": {"BLOCK_N": 64}, "num_warps": 4, "num_stages": 2, "options": options})
+    assert shown == "BLOCK_N=64 w4 s2 waves_per_eu=2 matrix_instr_nonkdim=16"
+
+
 def test_ptx_mma_kinds():
-    assert kr.ptx_mma_in_line("\twgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%f1}, %rd1, %rd2, "
+    assert ka.ptx_mma_in_line("\twgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%f1}, %rd1, %rd2, "
                               "p, 1, 1;") == "wgmma m64n8k32 e4m3.e4m3"
-    assert kr.ptx_mma_in_line("\twgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%f1}, %rd1, %rd2;") == \
+    assert ka.ptx_mma_in_line("\twgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%f1}, %rd1, %rd2;") == \
         "wgmma m64n16k16 f16.f16"
-    assert kr.ptx_mma_in_line("\tmma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%f1}, {%r1}, {%r2}, "
+    assert ka.ptx_mma_in_line("\tmma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%f1}, {%r1}, {%r2}, "
                               "{%f2};") == "mma m16n8k32 e4m3.e4m3"
-    assert kr.ptx_mma_in_line("\t@%p1 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1};") == \
+    assert ka.ptx_mma_in_line("\t@%p1 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1};") == \
         "mma m16n8k16 bf16.bf16"
-    assert kr.ptx_mma_in_line("\twgmma.fence.sync.aligned;") is None
-    assert kr.ptx_mma_in_line("\tfma.rn.f32 %f1, %f2, %f3, %f4;") is None
-    assert kr.is_fp8_mma("wgmma m64n8k32 e4m3.e4m3") and not kr.is_fp8_mma("mma m16n8k16 f16.f16")
+    assert ka.ptx_mma_in_line("\twgmma.fence.sync.aligned;") is None
+    assert ka.ptx_mma_in_line("\tfma.rn.f32 %f1, %f2, %f3, %f4;") is None
+    assert ka.is_fp8_mma("wgmma m64n8k32 e4m3.e4m3") and not ka.is_fp8_mma("mma m16n8k16 f16.f16")
 
 
 def test_hot_loop_is_the_loop_with_most_matrix_instructions():
@@ -354,7 +355,7 @@ def test_hot_loop_is_the_loop_with_most_matrix_instructions():
         \ts_cbranch_scc1 .LBB0_6
         \ts_endpgm
         """)
-    m = kr.matrix_instructions(asm, kr.amd_mma_in_line)
+    m = ka.matrix_instructions(asm, ka.amd_mma_in_line)
     assert m["loop_header"] == "BB0_2"
     assert m["loop"] == {"v_mfma_f32_16x16x32_f16 f16.f16": 1, "v_mfma_f32_16x16x32_fp8_fp8 fp8.fp8": 2}
     assert m["total_count"] == 6 and m["loops_with_mma"] == 2
@@ -366,7 +367,7 @@ def test_hot_loop_is_the_loop_with_most_matrix_instructions():
         $L__BB0_3:                              // %._crit_edge
         \twgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%f1}, %rd1, %rd2;
         """)
-    m = kr.matrix_instructions(ptx, kr.ptx_mma_in_line)
+    m = ka.matrix_instructions(ptx, ka.ptx_mma_in_line)
     assert m["loop"] == {"wgmma m64n8k32 e4m3.e4m3": 1} and m["total_count"] == 2
 
 
@@ -385,14 +386,14 @@ def test_parse_amdgcn_and_ptxas():
             .sgpr_spill_count: 0
             .vgpr_spill_count: 23
         """)
-    facts = kr.parse_amdgcn(asm)
+    facts = ka.parse_amdgcn(asm)
     assert (facts["vgpr"], facts["agpr"], facts["sgpr"], facts["scratch_bytes"], facts["occupancy"]) == \
         (256, 12, 50, 92, 1)
     assert (facts["vgpr_spill_count"], facts["sgpr_spill_count"]) == (23, 0)
     out = ("ptxas info    : Function properties for k\n"
            "    584 bytes stack frame, 612 bytes spill stores, 608 bytes spill loads\n"
            "ptxas info    : Used 255 registers, used 1 barriers, 584 bytes cumulative stack size\n")
-    assert kr.parse_ptxas(out) == {"registers": 255, "stack_frame_bytes": 584, "spill_store_bytes": 612,
+    assert ka.parse_ptxas(out) == {"registers": 255, "stack_frame_bytes": 584, "spill_store_bytes": 612,
                                    "spill_load_bytes": 608}
 
 
@@ -400,18 +401,18 @@ def test_occupancy_formulas():
     # gfx950 values seen with LLVM's own '; Occupancy' (Triton 3.6): (vgpr, agpr, warps) -> waves/SIMD.
     for vgpr, agpr, warps, llvm in [(208, 0, 8, 2), (238, 32, 4, 1), (204, 32, 4, 2), (250, 96, 2, 1),
                                     (256, 0, 8, 2), (64, 0, 4, 8)]:
-        occ = kr.amd_occupancy(vgpr, agpr, 40, 0, warps, 160 * 1024)
+        occ = ka.amd_occupancy(vgpr, agpr, 40, 0, warps, 160 * 1024)
         assert occ["waves_from_registers"] == llvm, (vgpr, agpr, warps)
-    occ = kr.amd_occupancy(208, 0, 38, 75776, 8, 160 * 1024)
+    occ = ka.amd_occupancy(208, 0, 38, 75776, 8, 160 * 1024)
     assert (occ["workgroups_from_registers"], occ["workgroups_from_lds"], occ["resident"]) == (1, 2, 2.0)
-    assert kr.amd_occupancy(300, 0, 40, 0, 8, 160 * 1024)["resident"] == 0  # 8 warps need <= 256 regs
-    assert kr.amd_occupancy(208, 0, 38, 75776, 8, 64 * 1024)["limiter"] == "LDS"
-    nv = kr.nvidia_occupancy(208, 89088, 8)
+    assert ka.amd_occupancy(300, 0, 40, 0, 8, 160 * 1024)["resident"] == 0  # 8 warps need <= 256 regs
+    assert ka.amd_occupancy(208, 0, 38, 75776, 8, 64 * 1024)["limiter"] == "LDS"
+    nv = ka.nvidia_occupancy(208, 89088, 8)
     assert (nv["regs_per_warp"], nv["blocks_from_registers"], nv["blocks_from_shared"], nv["resident"]) == \
         (6656, 1, 2, 8)
-    assert kr.nvidia_occupancy(255, 0, 4)["resident"] == 8  # 8192 regs / warp -> 8 warps
-    assert kr.nvidia_occupancy(32, 0, 4)["resident"] == 64  # capped by 64 warps / SM
-    assert kr.nvidia_occupancy(32, 100 * 1024, 4)["limiter"] == "shared memory"
+    assert ka.nvidia_occupancy(255, 0, 4)["resident"] == 8  # 8192 regs / warp -> 8 warps
+    assert ka.nvidia_occupancy(32, 0, 4)["resident"] == 64  # capped by 64 warps / SM
+    assert ka.nvidia_occupancy(32, 100 * 1024, 4)["limiter"] == "shared memory"
 
 
 def test_inline_asm_scan_and_module_loading(tmp_path):
@@ -466,8 +467,26 @@ def test_targets_and_tables_resolution(tmp_path):
         kr.resolve_targets("gfx1100")
     no_tables = tmp_path / "kernels_only.py"
     no_tables.write_text("def triton_compile_plan(route, params, fp8_dtype):\n    return []\n")
-    assert kr.defines_compile_plan(no_tables)
     assert kr.tables_path_for(no_tables) == (REPO_ROOT / "submission.py").resolve()
     with_tables = tmp_path / "with_tables.py"
-    with_tables.write_text("TRITON_EXTRA_CONFIGS = [{'route': 'triton_fp8', 'params': {}}]\n")
+    with_tables.write_text("AITER_ROUTE_TABLE = [{'route': 'triton_fp8', 'params': {}}]\n")
     assert kr.tables_path_for(with_tables) == with_tables.resolve()
+    assert kr.tables_path_for(no_tables, with_tables) == with_tables.resolve()
+
+
+def test_rows_are_every_row_and_candidate_with_a_compile_plan():
+    class Tables:
+        TRITON_ROUTE_TABLE = [{"route": "triton_fp8", "params": {"num_splits": 2},
+                               "candidates": [{"route": "hopper_fp8", "params": {"num_splits": 4}}]}]
+        AITER_ROUTE_TABLE = [{"route": "aiter_fp8", "params": {},
+                              "candidates": [{"route": "triton_fp8", "params": {"num_splits": 2}},
+                                             {"route": "triton_mxfp4", "params": {"block_n": 32}}]}]
+
+    rows = kr.discover_rows(Tables, {"triton_fp8", "triton_mxfp4", "hopper_fp8"})
+    assert [(r["label"], r["targets"], r["sources"]) for r in rows] == [
+        (label(Tables.TRITON_ROUTE_TABLE[0]), ["gfx942", "gfx950", "sm90"],
+         ["TRITON_ROUTE_TABLE[0]", "AITER_ROUTE_TABLE[0].candidates[0]"]),
+        (label(Tables.TRITON_ROUTE_TABLE[0]["candidates"][0]), ["gfx942", "gfx950", "sm90"],
+         ["TRITON_ROUTE_TABLE[0].candidates[0]"]),
+        (label(Tables.AITER_ROUTE_TABLE[0]["candidates"][1]), ["gfx942", "gfx950"],  # the aiter table: AMD only
+         ["AITER_ROUTE_TABLE[0].candidates[1]"])]

@@ -1,136 +1,68 @@
 #!/usr/bin/env python3
-"""Compile every Triton kernel of submission.py for MI355X, MI300X and H100/H200, without a GPU.
+"""Compile every Triton kernel of submission.py for MI355X, MI300X and H100/H200, without a GPU, and
+report what the compiler made of each: registers, spills, LDS, occupancy, matrix instructions, loads.
 
-For every configuration the module's route tables can select, each Triton kernel is compiled ahead
-of time (``triton.compile`` on an ``ASTSource``) for
+    python tools/kernel_report.py [--targets gfx950,gfx942,sm90] [--markdown] [--json PATH] [--dump DIR]
+                                  [--module FILE] [--tables FILE] [--jobs N] [--cache-dir DIR]
 
-    gfx950 (MI355X, the leaderboard's GPU), gfx942 (MI300X), sm90 (H100/H200, Hopper),
+What is compiled: every configuration the route tables can select (each row of TRITON_ROUTE_TABLE
+and AITER_ROUTE_TABLE and each candidate it races, when its route has a Triton compile plan; the
+aiter table's on the AMD targets only), through the module's ``triton_compile_plan(route, params,
+fp8_dtype)``, as the route launches it: on AMD with the HIP JIT's 2 GiB pointer marks (buffer
+loads). A plan entry may carry further compile ``"options"`` (tools/gfx950_sweep.py adds the AMD
+knobs that way) and ``"targets"`` (the Gluon Hopper kernel: sm90 only). ``--module`` compiles the
+kernels of another file; ``--tables`` reads the route tables from another file (default: the
+module when it has them, else submission.py). Each target compiles in a process of its own with a
+fresh Triton cache: with Triton 3.6 one process compiling gfx950 then gfx942 gives the second the
+first one's code. Compiling is not running: the proof is ``popcorn-cli submit --leaderboard
+amd-mixed-mla --gpu MI355X --mode test submission.py``.
 
-and the compiler's own report is read back: registers, spills and scratch, LDS / shared memory, the
-occupancy that implies, and the matrix instructions of the hot loop. Compiling is not running: the
-proof remains ``popcorn-cli submit --leaderboard amd-mixed-mla --gpu MI355X --mode test
-submission.py`` on the real runner. tests/test_kernel_report.py holds the report to a bar in CI.
-
-What is compiled (read from the module, never pasted here)
-    Rows: every row of ``TRITON_ROUTE_TABLE`` (when the module has one) and the candidates it races,
-    the Triton candidates of ``AITER_ROUTE_TABLE``, plus the optional
-    module-level list ``TRITON_EXTRA_CONFIGS`` (rows ``{"route": ..., "params": {...}}``),
-    de-duplicated on (route, params). For each row and target the tool calls
-    ``triton_compile_plan(route, params, fp8_dtype)`` (fp8_dtype "fp8e4nv" for gfx950 and sm90,
-    "fp8e4b8" for gfx942), which returns ``[{kernel, signature, constexprs, aligned_args,
-    num_warps, num_stages[, range32_args][, options][, targets]}]``. Constexpr parameters the plan
-    leaves out take the kernel's defaults (as the runtime JIT does); ``aligned_args`` get
-    ``tt.divisibility=16``; on AMD targets ``range32_args`` get ``tt.pointer_range=32`` (below);
-    ``options`` are further compile options (the AMD knobs waves_per_eu, matrix_instr_nonkdim, kpack);
-    an entry with ``targets`` (e.g. ["sm90"] for a Gluon Hopper kernel) is compiled for those only.
-    Gluon kernels compile through Gluon's own AST source.
-    Plan entries that compile to the same thing are compiled once and list every row selecting them.
-
-Isolation
-    Each target is compiled in its own Python process, with ``TRITON_INTERPRET=0`` (so that the
-    module's ``@triton.jit`` gives compilable kernels even when the caller runs the interpreter) and
-    a fresh Triton cache directory. Reason: with Triton 3.6, compiling for gfx950 and then gfx942
-    (or the reverse) in ONE process gives the second target the first one's code (gfx942 code with
-    gfx950-only ``v_cvt_scalef32_pk_*`` conversions, which then fails to assemble; gfx950 code
-    without them): some per-process state of the AMD backend is kept across architectures.
-
-What is reported, per kernel x configuration x target
-    AMD (from the amdgcn text): ``; NumVgprs``, ``; NumAgprs``, ``; TotalNumSgprs``,
-    ``; ScratchSize``, ``; Occupancy`` comments and the ``.vgpr_spill_count`` /
-    ``.sgpr_spill_count`` metadata. NVIDIA: triton's bundled ``ptxas -v --gpu-name sm_90a``:
-    "Used N registers", "N bytes stack frame", "N bytes spill stores / loads".
-    LDS / shared memory: ``compiled.metadata.shared`` (Triton allocates it dynamically; the AMD
-    ``LDSByteSize`` comment is 0 because LLVM never sees it). Limits per block: gfx950 160 KiB,
-    gfx942 64 KiB, sm90 227 KiB.
-
-    Matrix instructions: every ``v_mfma*`` / ``v_mfma_scale*`` / ``v_smfmac*`` (AMD) and every
-    ``wgmma.mma_async`` / ``mma.sync`` (PTX), counted per distinct kind with operand types, e.g.
-    "v_mfma_f32_16x16x128_f8f6f4 fp8.fp8" (the f8f6f4 formats come from the cbsz/blgp modifiers:
-    0 fp8 e4m3, 1 bf8 e5m2, 2 fp6 e2m3, 3 bf6 e3m2, 4 fp4 e2m1; absent = 0) or
-    "wgmma m64n8k32 e4m3.e4m3" (A.B types). The hot loop is the loop, as LLVM annotates it in
-    the assembly ("Loop Header: Depth=N" / "in Loop: Header=BBx_y"), holding the most matrix
-    instructions (instructions of an inner loop count for the inner loop). Both the hot loop's
-    and the whole kernel's counts are reported (pipelining puts some of them outside the loop).
-    Global loads: the load instructions of that same hot loop, per kind, with the widest per-lane
-    width: ``global_load_*`` / ``buffer_load_*`` (AMD: ubyte 8, ushort 16, dword 32 ... dwordx4 128
-    bits) and ``ld.global[.vN].bM``, ``cp.async N B``, TMA copies (PTX). On AMD the plans'
-    ``range32_args`` are compiled as Triton's HIP JIT sees a tensor within 2 GiB
-    (``tt.pointer_range=32``), which turns global loads into buffer loads and changes the registers.
-    ``uses_dot_scaled``: the config's TTIR holds ``tt.dot_scaled`` (a constexpr branch may remove
-    a ``tl.dot_scaled`` call that the source has; ``source_mentions_dot_scaled`` tells that).
-
-Occupancy formulas (the assumptions are stated; check them against the hardware guides)
-    AMD gfx942 / gfx950 (CDNA3 / CDNA4, wave64): each SIMD has a unified file of 512 VGPRs per
-    lane (128 KiB per SIMD, 512 KiB per CU of 4 SIMDs) shared by architectural VGPRs and AGPRs; a
-    wave allocates ``total = align(NumVgprs, 4) + NumAgprs`` (just NumVgprs when NumAgprs is 0;
-    AGPRs start at AccumOffset = align(NumVgprs, 4)) in granules of 8, and a SIMD holds at most 8
-    waves (LLVM: 8 for every gfx90a-class target), so
-
-        waves_regs = min(8, floor(512 / align(total, 8)), waves_sgpr)
-        waves_sgpr = 10 if sgpr <= 80, 9 if <= 88, 8 if <= 100, else 7   (GFX9 rule; rarely binds)
-
-    This is what LLVM prints as ``; Occupancy`` when nothing else limits it; the tool reports the
-    compiler's number and its own (tests check that they agree). A workgroup of ``num_warps``
-    waves is spread over the CU's 4 SIMDs and lives on one CU, so whole workgroups must fit:
-
-        wg_regs = floor(4 * waves_regs / num_warps)      (0 means it cannot launch)
-        wg_lds  = floor(LDS_per_CU / lds_bytes)           (LDS per CU: gfx950 160 KiB, gfx942 64 KiB)
-        resident waves / SIMD = min(wg_regs, wg_lds) * num_warps / 4
-
-    Hence 8 warps can only launch with at most 256 VGPR+AGPR per wave (2 waves per SIMD): LLVM
-    caps the allocation there, and a kernel needing more spills to scratch.
-
-    NVIDIA sm_90 (CUDA occupancy calculator rules for compute capability 9.0): 65536 32-bit
-    registers per SM, allocated per warp in units of 256 (``regs_warp = align(regs * 32, 256)``),
-    at most 255 registers per thread, 64 warps and 32 blocks per SM, 228 KiB shared memory per SM
-    (227 KiB at most per block), 1 KiB reserved by the system per block, shared memory allocated
-    in units of 128 bytes:
-
-        blocks_regs = floor(floor(65536 / regs_warp) / num_warps)
-        blocks_smem = floor(228 KiB / (align(shared, 128) + 1 KiB))
-        blocks_warps = floor(64 / num_warps), and at most 32
-        warps / SM = min(blocks_regs, blocks_smem, blocks_warps, 32) * num_warps
-
-Inline assembly
-    The source of every kernel (and of every ``@triton.jit`` helper it calls, recursively) is
-    scanned for ``inline_asm_elementwise``; a call counts as guarded when it sits inside an ``if``
-    (or conditional expression) whose condition names a target (cuda/hip/amd/nvidia/rocm/gfx/sm/
-    arch/target/backend/IS_*), or in a Gluon kernel (Gluon is written for one target's layouts and
-    instructions, and its compile plans name that target). Unguarded inline assembly is flagged:
-    it ties a kernel to one ISA.
-
-Usage
-    python tools/kernel_report.py [--module submission.py] [--tables PATH] [--targets gfx950,gfx942,sm90]
-                                  [--json PATH] [--markdown] [--dump DIR] [--jobs N] [--cache-dir DIR]
-    --tables: where TRITON_ROUTE_TABLE / TRITON_EXTRA_CONFIGS are read (default: the module when it
-    defines them, else the repository's submission.py, e.g. for a work-in-progress kernel file).
-Exit status 0 when every configuration compiled for every target asked for, 1 otherwise.
+Columns (one row per kernel x target x distinct compile; "config" lists every row selecting it):
+    config            the configurations, as submission.route_label names them
+    compiled as       constexprs other than the kernel's defaults, w<num_warps> s<num_stages>, options
+    registers         AMD v<VGPRs> a<AGPRs> s<SGPRs>; NVIDIA registers per thread (ptxas -v)
+    spills / scratch  AMD VGPR and SGPR spill counts, scratch bytes; NVIDIA spill stores / loads, stack
+    LDS / smem        shared memory per block; "> N KiB!" past the target's limit (gfx950 160 KiB,
+                      gfx942 64 KiB, sm90 227 KiB)
+    occupancy         AMD waves per SIMD (the tool's figure; LLVM's own; the registers' waves; the
+                      LDS's workgroups per CU); NVIDIA warps per SM (registers' and shared memory's
+                      blocks per SM); the formulas are in tools/kernel_asm.py
+    MMA in hot loop   matrix instructions per kind with operand types (A.B), in the loop holding the
+                      most of them; "MMA in kernel": in the whole kernel
+    global loads      loads from global memory in the hot loop per kind, and the widest per lane
+Notes follow the table: rows whose plan is empty, @triton.jit kernels no row selects (not compiled),
+inline_asm_elementwise outside a per-target ``if``. Exit status 0 when everything compiled for
+every target asked for, 1 otherwise, 2 for bad arguments.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import copy
 import datetime
-import hashlib
 import importlib.util
 import inspect
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import submission  # noqa: E402  (route_label)
+from tools import kernel_asm  # noqa: E402
+from tools.kernel_asm import KIB, load_bits  # noqa: E402
+
 TOOL_PATH = Path(__file__).resolve()
-KIB = 1024
 
 
 @dataclass(frozen=True)
@@ -158,24 +90,7 @@ TARGET_ALIASES = {"sm_90": "sm90", "sm_90a": "sm90", "sm90a": "sm90", "mi355x": 
                   "mi300x": "gfx942", "h100": "sm90", "h200": "sm90"}
 DEFAULT_TARGETS = ("gfx950", "gfx942", "sm90")
 AITER_TARGETS = {name for name, spec in TARGETS.items() if spec.is_amd}  # where the aiter table is active
-
-# AMD CDNA3/CDNA4 register file and wave limits (see the module docstring).
-AMD_VGPRS_PER_LANE = 512
-AMD_VGPR_GRANULE = 8
-AMD_MAX_WAVES_PER_SIMD = 8
-AMD_SIMDS_PER_CU = 4
-# NVIDIA sm_90 (CUDA occupancy calculator, compute capability 9.0).
-NV_REGS_PER_SM = 65536
-NV_REG_ALLOC_UNIT = 256
-NV_MAX_REGS_PER_THREAD = 255
-NV_MAX_WARPS_PER_SM = 64
-NV_MAX_BLOCKS_PER_SM = 32
-NV_SMEM_RESERVED_PER_BLOCK = 1 * KIB
-NV_SMEM_ALLOC_UNIT = 128
-
-
-def _align(x, unit):
-    return -(-x // unit) * unit
+TABLE_NAMES = ("TRITON_ROUTE_TABLE", "AITER_ROUTE_TABLE")
 
 
 def resolve_targets(spec):
@@ -205,345 +120,21 @@ def resolve_module_path(path):
     return p.resolve()
 
 
-def defines_compile_plan(path):
-    """True when the file defines a top-level function triton_compile_plan (parsed, not imported)."""
-    try:
-        tree = ast.parse(Path(path).read_text())
-    except (OSError, SyntaxError):
-        return False
-    return any(isinstance(n, ast.FunctionDef) and n.name == "triton_compile_plan" for n in tree.body)
+def tables_path_for(module_path, tables_path=None):
+    """Where the route tables are read from: `tables_path` when given; else the module itself when
+    it assigns a route table (parsed, not imported); else the repository's submission.py (a
+    work-in-progress kernel file holds no tables)."""
+    if tables_path:
+        return resolve_module_path(tables_path)
+    module_path = Path(module_path).resolve()
+    tree = ast.parse(module_path.read_text())
+    names = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    return module_path if names & set(TABLE_NAMES) else (REPO_ROOT / "submission.py").resolve()
 
 
 # ---------------------------------------------------------------------------------------------
-# Occupancy
-
-
-def amd_waves_from_sgprs(sgpr):
-    """GFX9 SGPR occupancy rule (LLVM getOccupancyWithNumSGPRs for VI..GFX9)."""
-    if sgpr is None:
-        return AMD_MAX_WAVES_PER_SIMD
-    if sgpr <= 80:
-        return 10
-    if sgpr <= 88:
-        return 9
-    if sgpr <= 100:
-        return 8
-    return 7
-
-
-def amd_occupancy(vgpr, agpr, sgpr, lds_bytes, num_warps, lds_per_cu):
-    """Waves per SIMD on gfx942/gfx950 (formulas in the module docstring)."""
-    agpr = agpr or 0
-    total = _align(max(vgpr, 1), 4) + agpr if agpr else max(vgpr, 1)
-    alloc = _align(total, AMD_VGPR_GRANULE)
-    waves_vgpr = AMD_VGPRS_PER_LANE // alloc
-    waves_regs = min(AMD_MAX_WAVES_PER_SIMD, waves_vgpr, amd_waves_from_sgprs(sgpr))
-    wg_regs = (AMD_SIMDS_PER_CU * waves_regs) // num_warps
-    wg_lds = lds_per_cu // lds_bytes if lds_bytes else None
-    wg = wg_regs if wg_lds is None else min(wg_regs, wg_lds)
-    limiter = "registers" if wg_lds is None or wg_regs <= wg_lds else "LDS"
-    return {
-        "unit": "waves/SIMD",
-        "vgpr_alloc": alloc,
-        "waves_from_registers": waves_regs,
-        "workgroups_from_registers": wg_regs,
-        "workgroups_from_lds": wg_lds,
-        "resident": wg * num_warps / AMD_SIMDS_PER_CU,
-        "limiter": limiter,
-    }
-
-
-def nvidia_occupancy(regs, shared_bytes, num_warps, smem_per_sm=228 * KIB):
-    """Warps per SM on sm_90 (formulas in the module docstring)."""
-    regs_warp = _align(max(regs, 1) * 32, NV_REG_ALLOC_UNIT)
-    blocks_regs = (NV_REGS_PER_SM // regs_warp) // num_warps
-    smem_block = _align(shared_bytes, NV_SMEM_ALLOC_UNIT) + NV_SMEM_RESERVED_PER_BLOCK
-    blocks_smem = smem_per_sm // smem_block
-    blocks_warps = NV_MAX_WARPS_PER_SM // num_warps
-    limits = {"registers": blocks_regs, "shared memory": blocks_smem, "warps": blocks_warps,
-              "blocks": NV_MAX_BLOCKS_PER_SM}
-    limiter = min(limits, key=lambda k: limits[k])
-    blocks = limits[limiter]
-    return {
-        "unit": "warps/SM",
-        "regs_per_warp": regs_warp,
-        "blocks_from_registers": blocks_regs,
-        "blocks_from_shared": blocks_smem,
-        "blocks_from_warps": blocks_warps,
-        "resident": blocks * num_warps,
-        "limiter": limiter,
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Assembly parsing
-
-_BLOCK_START = re.compile(r"^(?:(?P<label>\.LBB\d+_\d+|\$L__BB\d+_\d+):|\s*(?:;|//)\s*%bb\.(?P<bb>\d+):)")
-_LOOP_HEADER = re.compile(r"Loop Header: Depth=\d+")
-_IN_LOOP = re.compile(r"in Loop: Header=(BB\d+_\d+) Depth=\d+")
-
-
-def loop_headers(lines):
-    """The innermost loop (its header, e.g. 'BB0_65') of each line, or None: read from LLVM's
-    loop comments ('=>This Inner Loop Header: Depth=1', ';   in Loop: Header=BB0_65 Depth=1')."""
-    out = []
-    current = None
-    label = None
-    annotating = False  # on a block's first line or the comment-only lines right after it
-    for line in lines:
-        m = _BLOCK_START.match(line)
-        if m:
-            current = None
-            if m.group("label"):
-                label = re.search(r"BB\d+_\d+", m.group("label")).group(0)
-            else:
-                label = f"bb.{m.group('bb')}"
-            annotating = True
-        elif annotating and not line.strip().startswith((";", "//")):
-            annotating = False
-        if annotating:
-            if _LOOP_HEADER.search(line):
-                current = label
-            else:
-                h = _IN_LOOP.search(line)
-                if h:
-                    current = h.group(1)
-        out.append(current)
-    return out
-
-
-_F8F6F4_FORMATS = {0: "fp8", 1: "bf8", 2: "fp6", 3: "bf6", 4: "fp4"}
-_AMD_MMA = re.compile(r"^\s+(v_(?:mfma|smfmac)\w*)\b(.*)$")
-_AMD_MMA_NAME = re.compile(r"^v_(?:mfma|smfmac)(?:_scale)?_([a-z]+\d+)_(\d+x\d+x\d+)_?([a-z0-9_]*)$")
-
-
-def amd_mma_kind(mnemonic, operands=""):
-    """('v_mfma_f32_16x16x128_f8f6f4', ' v[0:3], ... cbsz:1') -> ('v_mfma_... ', 'fp8', 'bf8')."""
-    m = _AMD_MMA_NAME.match(mnemonic)
-    if not m:
-        return mnemonic, "?", "?"
-    types = m.group(3)
-    if types.endswith("f8f6f4"):
-        cbsz = re.search(r"\bcbsz:(\d+)", operands)
-        blgp = re.search(r"\bblgp:(\d+)", operands)
-        a = _F8F6F4_FORMATS.get(int(cbsz.group(1)) if cbsz else 0, "?")
-        b = _F8F6F4_FORMATS.get(int(blgp.group(1)) if blgp else 0, "?")
-        return mnemonic, a, b
-    parts = [t for t in types.split("_") if t and t != "1k"]
-    if not parts:
-        return mnemonic, "?", "?"
-    return mnemonic, parts[0], parts[-1]
-
-
-def amd_mma_in_line(line):
-    m = _AMD_MMA.match(line)
-    if not m:
-        return None
-    name, a, b = amd_mma_kind(m.group(1), m.group(2))
-    return f"{name} {a}.{b}"
-
-
-_PTX_MMA = re.compile(
-    r"^\s*(?:@!?%\w+\s+)?(wgmma\.mma_async(?:\.sp)?|mma(?:\.sp(?:::ordered_metadata)?)?)\.sync\.aligned"
-    r"\.(m\d+n\d+k\d+)\.([\w.:]+)")
-_PTX_LAYOUTS = {"row", "col", "satfinite"}
-
-
-def ptx_mma_in_line(line):
-    """'wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 ...' -> 'wgmma m64n8k32 e4m3.e4m3'."""
-    m = _PTX_MMA.match(line)
-    if not m:
-        return None
-    op = "wgmma" if m.group(1).startswith("wgmma") else "mma"
-    if ".sp" in m.group(1):
-        op += ".sp"
-    types = [t for t in m.group(3).split(".") if t and t not in _PTX_LAYOUTS and "::" not in t]
-    a, b = (types[1], types[2]) if len(types) >= 3 else ("?", "?")
-    return f"{op} {m.group(2)} {a}.{b}"
-
-
-def matrix_instructions(text, parse_line):
-    """Counts of matrix-instruction kinds in the hot loop and in the whole kernel."""
-    lines = text.splitlines()
-    total = Counter()
-    per_loop = defaultdict(Counter)
-    for line, header in zip(lines, loop_headers(lines), strict=True):
-        kind = parse_line(line)
-        if kind is None:
-            continue
-        total[kind] += 1
-        if header is not None:
-            per_loop[header][kind] += 1
-    hot = max(per_loop, key=lambda h: sum(per_loop[h].values()), default=None)
-    loop = dict(sorted(per_loop[hot].items())) if hot else {}
-    return {
-        "loop_header": hot,
-        "loop": loop,
-        "loop_count": sum(loop.values()),
-        "total": dict(sorted(total.items())),
-        "total_count": sum(total.values()),
-        "loops_with_mma": len(per_loop),
-    }
-
-
-_AMD_LOAD = re.compile(r"^\s+((?:global|buffer)_load_(?:lds_)?(\w+?))(?:\s|$)")
-_AMD_LOAD_BITS = {"ubyte": 8, "sbyte": 8, "ubyte_d16": 8, "sbyte_d16": 8, "ubyte_d16_hi": 8, "sbyte_d16_hi": 8,
-                  "ushort": 16, "sshort": 16, "short_d16": 16, "short_d16_hi": 16,
-                  "dword": 32, "dwordx2": 64, "dwordx3": 96, "dwordx4": 128}
-_PTX_LOAD = re.compile(r"^\s*(?:@!?%\w+\s+)?(ld\.global[\w.]*|cp\.async\.bulk\.tensor[\w.:]*|cp\.async\.c[ag]"
-                       r"[\w.]*)\s+([^;]*)")
-
-
-def amd_load_in_line(line):
-    """'\tbuffer_load_dwordx4 v[0:3], ...' -> 'buffer_load_dwordx4' (global and buffer loads, those
-    straight to LDS too); None for anything else."""
-    m = _AMD_LOAD.match(line)
-    return m.group(1) if m else None
-
-
-def ptx_load_in_line(line):
-    """'ld.global.nc.v4.b32 {..}, [..];' -> 'ld.global.v4.b32'; cp.async of N bytes -> 'cp.async NB';
-    a TMA copy -> 'cp.async.bulk.tensor'; None for anything else."""
-    m = _PTX_LOAD.match(line)
-    if not m:
-        return None
-    op = m.group(1)
-    if op.startswith("cp.async.bulk.tensor"):
-        return "cp.async.bulk.tensor"
-    if op.startswith("cp.async"):
-        size = re.search(r",\s*(0x[0-9a-fA-F]+|\d+)\s*(?:,|$)", m.group(2))
-        return f"cp.async {int(size.group(1), 0) if size else '?'}B"
-    parts = [t for t in op.split(".") if t in ("ld", "global") or re.fullmatch(r"v\d|[bfsu]\d+", t)]
-    return ".".join(parts)
-
-
-def load_bits(name):
-    """The width of one lane's load in bits ('buffer_load_dwordx4' -> 128, 'ld.global.v2.b32' -> 64,
-    'cp.async 16B' -> 128), None when unknown (a TMA copy has no per-lane width)."""
-    m = re.match(r"(?:global|buffer)_load_(?:lds_)?(\w+)$", name)
-    if m:
-        return _AMD_LOAD_BITS.get(m.group(1))
-    m = re.match(r"cp\.async (\d+)B$", name)
-    if m:
-        return 8 * int(m.group(1))
-    m = re.match(r"ld\.global(?:\.v(\d))?\.[bfsu](\d+)$", name)
-    if m:
-        return int(m.group(1) or 1) * int(m.group(2))
-    return None
-
-
-def loop_instructions(text, parse_line, header):
-    """Counts of the kinds parse_line finds inside the loop `header` (None: the whole text)."""
-    lines = text.splitlines()
-    counts = Counter()
-    for line, where in zip(lines, loop_headers(lines), strict=True):
-        kind = parse_line(line)
-        if kind is not None and (header is None or where == header):
-            counts[kind] += 1
-    return dict(sorted(counts.items()))
-
-
-def global_loads(text, parse_line, header):
-    """Loads from global memory in the hot loop and in the whole kernel, with the widest
-    per-lane width (bits) of each."""
-    loop = loop_instructions(text, parse_line, header) if header else {}
-    total = loop_instructions(text, parse_line, None)
-
-    def widest(counts):
-        return max((load_bits(k) or 0 for k in counts), default=0) or None
-    return {"loop": loop, "total": total, "loop_widest_bits": widest(loop), "total_widest_bits": widest(total)}
-
-
-def mma_operand_types(kind):
-    """'v_mfma_f32_16x16x32_fp8_fp8 fp8.fp8' / 'wgmma m64n8k32 e4m3.e4m3' -> ('fp8', 'fp8')."""
-    a, _, b = kind.rsplit(" ", 1)[-1].partition(".")
-    return a, b
-
-
-FP8_OPERAND_TYPES = {"fp8", "bf8", "e4m3", "e5m2"}
-
-
-def is_fp8_mma(kind):
-    a, b = mma_operand_types(kind)
-    return a in FP8_OPERAND_TYPES and b in FP8_OPERAND_TYPES
-
-
-def is_scaled_mma(kind):
-    return kind.startswith("v_mfma_scale")
-
-
-def _comment_int(text, key):
-    m = re.search(rf"^\s*;\s*{key}:\s*(\d+)\s*$", text, re.M)
-    return int(m.group(1)) if m else None
-
-
-def _meta_int(text, key):
-    m = re.search(rf"^\s*\.{key}:\s*(\d+)\s*$", text, re.M)
-    return int(m.group(1)) if m else None
-
-
-def parse_amdgcn(text):
-    """Register, scratch and occupancy facts of the (first) kernel in an amdgcn listing."""
-    kernel_info = text.find("; Kernel info:")
-    body = text[kernel_info:] if kernel_info >= 0 else text
-    sgpr = _comment_int(body, "TotalNumSgprs")
-    return {
-        "vgpr": _comment_int(body, "NumVgprs"),
-        "agpr": _comment_int(body, "NumAgprs"),
-        "sgpr": sgpr if sgpr is not None else _comment_int(body, "NumSgprs"),
-        "total_vgpr": _comment_int(body, "TotalNumVgprs"),
-        "accum_offset": _comment_int(body, "AccumOffset"),
-        "sgpr_for_waves": _comment_int(body, "NumSGPRsForWavesPerEU"),
-        "scratch_bytes": _comment_int(body, "ScratchSize"),
-        "occupancy": _comment_int(body, "Occupancy"),
-        "vgpr_spill_count": _meta_int(text, "vgpr_spill_count"),
-        "sgpr_spill_count": _meta_int(text, "sgpr_spill_count"),
-        "private_segment_bytes": _meta_int(text, "private_segment_fixed_size"),
-    }
-
-
-def parse_ptxas(output):
-    """'ptxas -v' output -> registers, stack frame, spill stores / loads (bytes)."""
-    def grab(pattern):
-        m = re.search(pattern, output)
-        return int(m.group(1)) if m else None
-    return {
-        "registers": grab(r"Used (\d+) registers"),
-        "stack_frame_bytes": grab(r"(\d+) bytes stack frame"),
-        "spill_store_bytes": grab(r"(\d+) bytes spill stores"),
-        "spill_load_bytes": grab(r"(\d+) bytes spill loads"),
-    }
-
-
-def ptxas_path():
-    import triton
-
-    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if os.path.exists(bundled):
-        return bundled
-    found = shutil.which("ptxas")
-    if found:
-        return found
-    raise FileNotFoundError(f"no ptxas: neither {bundled} nor one on PATH")
-
-
-def run_ptxas(ptx):
-    arch = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.M)
-    gpu_name = arch.group(1) if arch else "sm_90a"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "kernel.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        proc = subprocess.run([ptxas_path(), "-v", "--gpu-name", gpu_name, src, "-o", os.devnull],
-                              capture_output=True, text=True)
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise RuntimeError(f"ptxas failed ({proc.returncode}): {output[-2000:]}")
-    return output
-
-
-# ---------------------------------------------------------------------------------------------
-# Inline assembly scan
+# Kernel source: inline assembly and the helpers a kernel calls
 
 _GUARD_WORDS = re.compile(r"(?i)cuda|hip|amd|nvidia|rocm|gfx|\bsm_?\d|arch|target|backend|\bis_\w+")
 
@@ -635,7 +226,7 @@ def jit_functions_reached(kernel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Module loading and compile plans
+# What is compiled
 
 
 def load_module(path):
@@ -663,54 +254,35 @@ def _params_key(params):
     return json.dumps(params, sort_keys=True, default=str)
 
 
-def config_label(route, params):
-    return f"{route} {_params_key(params)}"
-
-
-def discover_rows(module, tables_module=None):
-    """TRITON_ROUTE_TABLE rows + TRITON_EXTRA_CONFIGS, de-duplicated on (route, params).
-
-    Both lists are read from `tables_module` (default: `module`); TRITON_EXTRA_CONFIGS of `module`
-    itself are read as well when the tables come from elsewhere."""
+def discover_rows(tables, compiled_routes):
+    """The configurations to compile: each row of the route tables of `tables` and each candidate
+    it races whose route is in `compiled_routes`, de-duplicated on (route, params):
+    [{route, params, label, sources, targets}]; the aiter table's run on the AMD targets only."""
     rows = {}
-    tables = tables_module if tables_module is not None else module
-    sources = [("TRITON_ROUTE_TABLE", getattr(tables, "TRITON_ROUTE_TABLE", None) or []),
-               ("TRITON_EXTRA_CONFIGS", getattr(tables, "TRITON_EXTRA_CONFIGS", None) or []),
-               ("AITER_ROUTE_TABLE", getattr(tables, "AITER_ROUTE_TABLE", None) or [])]
-    if tables is not module:
-        sources.append(("TRITON_EXTRA_CONFIGS", getattr(module, "TRITON_EXTRA_CONFIGS", None) or []))
-    compiled_routes = getattr(module, "TRITON_COMPILE_PLANS", None)
-    for table_name, table in sources:
-        for i, row in enumerate(table):
-            # a row's own route, then the candidates it races on a first call (Triton ones only: the
-            # aiter table's aiter routes have nothing to compile)
+    for table_name in TABLE_NAMES:
+        for i, row in enumerate(getattr(tables, table_name, None) or []):
             for j, candidate in enumerate([row, *(row.get("candidates") or [])]):
-                if table_name == "AITER_ROUTE_TABLE" and (compiled_routes is None
-                                                          or candidate["route"] not in compiled_routes):
+                if candidate["route"] not in compiled_routes:
                     continue
                 params = dict(candidate.get("params") or {})
-                key = (candidate["route"], _params_key(params))
-                entry = rows.setdefault(key, {"route": candidate["route"], "params": params, "sources": [],
-                                              "targets": set()})
+                entry = rows.setdefault((candidate["route"], _params_key(params)), {
+                    "route": candidate["route"], "params": params,
+                    "label": submission.route_label({"route": candidate["route"], "params": params}),
+                    "sources": [], "targets": set()})
                 entry["sources"].append(f"{table_name}[{i}]" + (f".candidates[{j - 1}]" if j else ""))
-                # the aiter table runs only where aiter does (AMD); a row any other list names runs anywhere
                 entry["targets"] |= AITER_TARGETS if table_name == "AITER_ROUTE_TABLE" else set(TARGETS)
     return [dict(row, targets=sorted(row["targets"])) for row in rows.values()]
-
-
-def amd_buffer_ops_enabled():
-    """Whether Triton's HIP JIT marks tensors within 2 GiB (AMDGCN_USE_BUFFER_OPS, on by default)."""
-    import triton
-
-    return bool(triton.knobs.amd.use_buffer_ops)
 
 
 def complete_plan_entry(entry, spec=None):
     """A plan entry -> (kernel, signature, constexprs, attrs, options) ready for ASTSource.
 
-    On an AMD target (spec) the entry's ``range32_args`` get ``tt.pointer_range=32`` as well, as
-    Triton's HIP JIT gives every tensor argument within 2 GiB (its "S" specialisation; the code then
-    uses buffer loads with 32-bit offsets), unless AMDGCN_USE_BUFFER_OPS turns that off."""
+    Constexprs the entry leaves out take the kernel's defaults (as the JIT does); ``aligned_args``
+    get ``tt.divisibility=16``; on an AMD target (spec) ``range32_args`` get ``tt.pointer_range=32``
+    as Triton's HIP JIT marks every tensor within 2 GiB (unless AMDGCN_USE_BUFFER_OPS turns that
+    off); the entry's ``options`` join num_warps and num_stages."""
+    import triton
+
     kernel = entry["kernel"]
     if not (_is_jit_function(kernel) and hasattr(kernel, "params")):
         raise TypeError(f"{kernel!r} is not a triton JITFunction (was the module imported with "
@@ -733,7 +305,7 @@ def complete_plan_entry(entry, spec=None):
         else:
             raise ValueError(f"plan gives no type for argument {p.name}")
     attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in entry.get("aligned_args") or []}
-    if spec is not None and spec.is_amd and amd_buffer_ops_enabled():
+    if spec is not None and spec.is_amd and triton.knobs.amd.use_buffer_ops:
         for a in entry.get("range32_args") or []:
             attrs.setdefault((kernel.arg_names.index(a),), []).append(["tt.pointer_range", 32])
     options = {"num_warps": entry.get("num_warps", 4), "num_stages": entry.get("num_stages", 3)}
@@ -766,60 +338,22 @@ def compile_unit(kernel, signature, constexprs, attrs, options, spec):
 
 
 def compile_and_analyse(kernel, signature, constexprs, attrs, options, spec):
+    """(facts, assembly text) of one completed plan entry compiled for one target (kernel_asm.kernel_facts
+    and the compile's seconds)."""
     t0 = time.time()
     compiled = compile_unit(kernel, signature, constexprs, attrs, options, spec)
-    result = {"compile_s": round(time.time() - t0, 2),
-              # whether THIS config's code uses tl.dot_scaled (a constexpr branch may remove it)
-              "uses_dot_scaled": "tt.dot_scaled" in compiled.asm.get("ttir", "")}
-    shared = int(getattr(compiled.metadata, "shared", 0) or 0)
-    num_warps = options["num_warps"]
-    result["lds_bytes"] = shared
-    result["lds_limit_bytes"] = spec.lds_per_block
-    result["lds_fits"] = shared <= spec.lds_per_block
-    if spec.is_amd:
-        asm = compiled.asm["amdgcn"]
-        facts = parse_amdgcn(asm)
-        result["registers"] = {"vgpr": facts["vgpr"], "agpr": facts["agpr"], "sgpr": facts["sgpr"]}
-        result["spills"] = {"vgpr_spill_count": facts["vgpr_spill_count"],
-                            "sgpr_spill_count": facts["sgpr_spill_count"],
-                            "scratch_bytes": facts["scratch_bytes"]}
-        occ = amd_occupancy(facts["vgpr"] or 0, facts["agpr"], facts["sgpr_for_waves"] or facts["sgpr"],
-                            shared, num_warps, spec.lds_per_unit)
-        occ["compiler"] = facts["occupancy"]
-        result["occupancy"] = occ
-        result["mma"] = matrix_instructions(asm, amd_mma_in_line)
-        result["loads"] = global_loads(asm, amd_load_in_line, result["mma"]["loop_header"])
-        result["asm_kind"] = "amdgcn"
-    else:
-        asm = compiled.asm["ptx"]
-        facts = parse_ptxas(run_ptxas(asm))
-        result["registers"] = {"per_thread": facts["registers"]}
-        result["spills"] = {"spill_store_bytes": facts["spill_store_bytes"],
-                            "spill_load_bytes": facts["spill_load_bytes"],
-                            "stack_frame_bytes": facts["stack_frame_bytes"]}
-        occ = nvidia_occupancy(facts["registers"] or 0, shared, num_warps, spec.lds_per_unit)
-        occ["compiler"] = None
-        result["occupancy"] = occ
-        result["mma"] = matrix_instructions(asm, ptx_mma_in_line)
-        result["loads"] = global_loads(asm, ptx_load_in_line, result["mma"]["loop_header"])
-        result["asm_kind"] = "ptx"
-    result["asm_sha1"] = hashlib.sha1(asm.encode()).hexdigest()[:12]  # equal code, equal hash
-    values = list(result["spills"].values())
-    result["spill_free"] = all(v == 0 for v in values)
-    result["spill_parsed"] = all(v is not None for v in values)
-    return result, asm
+    seconds = round(time.time() - t0, 2)
+    facts, asm = kernel_asm.kernel_facts(compiled, spec.is_amd, options["num_warps"], spec.lds_per_block,
+                                         spec.lds_per_unit)
+    return dict(facts, compile_s=seconds), asm
 
 
 def route_kv_format(route, *modules):
-    """ROUTE_INFO[route]["kv_format"] from the first module that knows the route, else a guess
-    from the route's name ("mxfp4" / "fp8" / "bf16" in it), else None."""
+    """ROUTE_INFO[route]["kv_format"] of the first module that knows the route, else None."""
     for module in modules:
         info = (getattr(module, "ROUTE_INFO", None) or {}).get(route)
-        if info and info.get("kv_format"):
-            return info["kv_format"]
-    for fmt in ("mxfp4", "fp8", "bf16"):
-        if fmt in route:
-            return fmt
+        if info:
+            return info.get("kv_format")
     return None
 
 
@@ -833,103 +367,78 @@ def _slug(text):
     return re.sub(r"[^0-9A-Za-z]+", "_", text).strip("_")[:80]
 
 
-def tables_path_for(module_path, tables_path=None):
-    """Where the route tables are read from: `tables_path` when given; else the module itself when
-    it defines TRITON_ROUTE_TABLE or TRITON_EXTRA_CONFIGS (parsed, not imported); else the
-    repository's submission.py (a work-in-progress kernel file holds no tables)."""
-    if tables_path:
-        return resolve_module_path(tables_path)
-    module_path = Path(module_path).resolve()
-    try:
-        tree = ast.parse(module_path.read_text())
-    except (OSError, SyntaxError):
-        return module_path
-    names = {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
-             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
-    if names & {"TRITON_ROUTE_TABLE", "TRITON_EXTRA_CONFIGS"}:
-        return module_path
-    fallback = REPO_ROOT / "submission.py"
-    return fallback.resolve() if fallback.exists() else module_path
-
-
-def worker(target, module_path, dump_dir=None, tables_path=None):
-    """Everything for one target, in this process: returns the JSON-able partial report."""
-    spec = TARGETS[target]
-    out = {"target": target, "records": [], "rows": [], "rows_without_kernels": [],
-           "module_kernels": [], "uncovered_kernels": [], "inline_asm": [], "errors": []}
-    module = load_module(module_path)
-    plan_fn = getattr(module, "triton_compile_plan", None)
-    tables_path = tables_path_for(module_path, tables_path)
-    tables_module = module if tables_path == Path(module_path).resolve() else load_module(tables_path)
-    rows = discover_rows(module, tables_module)
-    out["rows"] = _jsonable(rows)
-    if plan_fn is None:
-        out["errors"].append(f"{module_path} defines no triton_compile_plan(route, params, fp8_dtype)")
-        return out
-    units = {}
-    other_targets = []  # kernels planned only for other targets: covered, not compiled here
+def plan_units(module, rows, spec, errors):
+    """The distinct compiles of every row's plan for one target, each listing the rows that select
+    it; the kernels planned for other targets only; the labels of the rows whose plan is empty. A
+    plan that raises is an error, not a crash."""
+    units, elsewhere, empty = {}, [], []
     for row in rows:
         try:
-            plan = plan_fn(row["route"], copy.deepcopy(row["params"]), spec.fp8_dtype)
-        except Exception as exc:  # a broken plan is a finding, not a crash of the tool
-            out["errors"].append(f"triton_compile_plan({row['route']!r}, {row['params']!r}): {_short_error(exc)}")
+            plan = module.triton_compile_plan(row["route"], copy.deepcopy(row["params"]), spec.fp8_dtype)
+        except Exception as exc:
+            errors.append(f"triton_compile_plan of {row['label']}: {_short_error(exc)}")
             continue
         if not plan:
-            out["rows_without_kernels"].append(config_label(row["route"], row["params"]))
+            empty.append(row["label"])
         for entry in plan:
-            if (entry.get("targets") is not None and target not in entry["targets"]) or target not in row.get(
-                    "targets", TARGETS):
-                other_targets.append(entry["kernel"])
+            if spec.name not in set(row["targets"]) & set(entry.get("targets") or TARGETS):
+                elsewhere.append(entry["kernel"])
                 continue
             try:
                 kernel, signature, constexprs, attrs, options = complete_plan_entry(entry, spec)
             except Exception as exc:
-                out["errors"].append(f"{config_label(row['route'], row['params'])}: {_short_error(exc)}")
+                errors.append(f"{row['label']}: {_short_error(exc)}")
                 continue
             key = (id(kernel.fn), _params_key(signature), _params_key(constexprs), repr(sorted(attrs)),
                    _params_key(options))
             unit = units.setdefault(key, {"kernel": kernel, "signature": signature, "constexprs": constexprs,
-                                          "shown_constexprs": _non_default_constexprs(kernel, constexprs),
                                           "attrs": attrs, "options": options, "rows": []})
-            unit["rows"].append({"route": row["route"], "params": row["params"],
-                                 "label": config_label(row["route"], row["params"])})
-    planned = []
-    for unit in units.values():
-        kernel = unit["kernel"]
-        if kernel not in planned:
-            planned.append(kernel)
-        first = unit["rows"][0]
+            unit["rows"].append({"route": row["route"], "params": row["params"], "label": row["label"]})
+    return list(units.values()), elsewhere, empty
+
+
+def worker(target, module_path, dump_dir=None, tables_path=None):
+    """Everything for one target, in this process: the JSON-able partial report."""
+    spec = TARGETS[target]
+    out = {"records": [], "rows": [], "rows_without_kernels": [], "module_kernels": [], "uncovered_kernels": [],
+           "inline_asm": [], "errors": []}
+    module = load_module(module_path)
+    tables_path = tables_path_for(module_path, tables_path)
+    tables = module if tables_path == Path(module_path).resolve() else load_module(tables_path)
+    if not hasattr(module, "triton_compile_plan"):
+        out["errors"].append(f"{module_path} defines no triton_compile_plan(route, params, fp8_dtype)")
+        return out
+    rows = discover_rows(tables, getattr(module, "TRITON_COMPILE_PLANS", {}))
+    units, elsewhere, out["rows_without_kernels"] = plan_units(module, rows, spec, out["errors"])
+    out["rows"] = _jsonable(rows)
+    for unit in units:
+        kernel, first = unit["kernel"], unit["rows"][0]
         record = {
             "kernel": kernel.fn.__name__, "target": target, "gpu": spec.gpu,
             "route": first["route"], "params": first["params"],
-            "config": " | ".join(r["label"] for r in unit["rows"]),
-            "rows": unit["rows"],
-            "constexprs": unit["shown_constexprs"], "all_constexprs": unit["constexprs"],
+            "config": " | ".join(r["label"] for r in unit["rows"]), "rows": unit["rows"],
+            "constexprs": _non_default_constexprs(kernel, unit["constexprs"]), "all_constexprs": unit["constexprs"],
             "num_warps": unit["options"]["num_warps"], "num_stages": unit["options"]["num_stages"],
             "options": unit["options"], "fp8_dtype": spec.fp8_dtype,
-            "kv_format": route_kv_format(first["route"], module, tables_module),
-            "source_mentions_dot_scaled": "dot_scaled" in inspect.getsource(kernel.fn),
-            "compiled": False, "error": None,
+            "kv_format": route_kv_format(first["route"], module, tables), "compiled": False, "error": None,
         }
         try:
-            result, asm = compile_and_analyse(kernel, unit["signature"], unit["constexprs"], unit["attrs"],
-                                              unit["options"], spec)
-            record.update(result)
-            record["compiled"] = True
+            facts, asm = compile_and_analyse(kernel, unit["signature"], unit["constexprs"], unit["attrs"],
+                                             unit["options"], spec)
+            record.update(facts, compiled=True)
             if dump_dir:
                 os.makedirs(dump_dir, exist_ok=True)
-                name = f"{record['kernel']}-{_slug(record['config'])}-{target}.{result['asm_kind']}"
+                name = f"{record['kernel']}-{_slug(record['config'])}-{target}.{facts['asm_kind']}"
                 Path(dump_dir, name).write_text(asm)
         except Exception as exc:
             record["error"] = _short_error(exc)
         out["records"].append(_jsonable(record))
-    # Every @triton.jit kernel of the module should be reachable from some plan.
+    # every @triton.jit kernel of the module should be reachable from some plan
     module_kernels = {name: obj for name, obj in vars(module).items()
                       if _is_jit_function(obj) and getattr(obj.fn, "__module__", None) == module.__name__}
+    planned = list({id(k.fn): k for k in [u["kernel"] for u in units] + elsewhere}.values())
+    reached = {k.fn.__name__ for k in planned}.union(*(jit_functions_reached(k) for k in planned))
     out["module_kernels"] = sorted(module_kernels)
-    reached = {k.fn.__name__ for k in planned + other_targets}
-    for k in planned + other_targets:
-        reached |= jit_functions_reached(k)
     out["uncovered_kernels"] = sorted(n for n, obj in module_kernels.items() if obj.fn.__name__ not in reached)
     out["inline_asm"] = scan_inline_asm(
         list(module_kernels.values()) + [k for k in planned if k not in module_kernels.values()])
@@ -939,12 +448,27 @@ def worker(target, module_path, dump_dir=None, tables_path=None):
 # ---------------------------------------------------------------------------------------------
 # Driver: one process per target
 
-_COST_ORDER = {"gfx942": 0, "gfx950": 1, "sm90": 2}  # slowest first when running in parallel
-
 
 def _display_path(path):
     path = Path(path)
     return os.path.relpath(path, REPO_ROOT) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def run_worker(target, module_path, tables_path, dump_dir, cache_dir, tmp, timeout_s):
+    """One target's worker process: (partial report or None, error text or None)."""
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               TRITON_CACHE_DIR=os.path.join(cache_dir or tmp, target if cache_dir else f"cache_{target}"))
+    out_path = os.path.join(tmp, f"{target}.json")
+    cmd = [sys.executable, str(TOOL_PATH), "--worker", target, "--module", str(module_path),
+           "--tables", str(tables_path), "--worker-out", out_path] + (["--dump", str(dump_dir)] if dump_dir else [])
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                              cwd=str(REPO_ROOT), timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        return None, f"worker for {target} ran past {timeout_s} s: {(exc.output or '')[-3000:]}"
+    if proc.returncode == 0 and os.path.exists(out_path):
+        return json.loads(Path(out_path).read_text()), None
+    return None, f"worker for {target} exited with {proc.returncode}: {proc.stdout[-3000:]}"
 
 
 def build_report(module_path="submission.py", targets=DEFAULT_TARGETS, jobs=None, cache_dir=None,
@@ -955,78 +479,38 @@ def build_report(module_path="submission.py", targets=DEFAULT_TARGETS, jobs=None
     module_path = resolve_module_path(module_path)
     tables_path = tables_path_for(module_path, tables_path)
     targets = resolve_targets(targets)
-    jobs = max(1, min(jobs or (os.cpu_count() or 1), len(targets)))
     report = {
-        "tool": "tools/kernel_report.py",
-        "module": _display_path(module_path),
-        "tables_from": _display_path(tables_path),
-        "triton_version": triton.__version__,
-        "date": datetime.date.today().isoformat(),
-        "targets": targets,
+        "tool": "tools/kernel_report.py", "module": _display_path(module_path),
+        "tables_from": _display_path(tables_path), "triton_version": triton.__version__,
+        "date": datetime.date.today().isoformat(), "targets": targets,
         "target_specs": {t: {"gpu": TARGETS[t].gpu, "fp8_dtype": TARGETS[t].fp8_dtype,
                              "lds_per_block": TARGETS[t].lds_per_block,
                              "lds_per_unit": TARGETS[t].lds_per_unit} for t in targets},
         "rows": [], "rows_without_kernels": [], "records": [], "module_kernels": [],
         "uncovered_kernels": [], "inline_asm": [], "errors": [], "worker_errors": {},
     }
-    with tempfile.TemporaryDirectory(prefix="kernel_report_") as tmp:
-        pending = sorted(targets, key=lambda t: _COST_ORDER.get(t, 9))
-        running = {}
-        results = {}
-        while pending or running:
-            while pending and len(running) < jobs:
-                t = pending.pop(0)
-                env = dict(os.environ)
-                env["TRITON_INTERPRET"] = "0"
-                env["TRITON_CACHE_DIR"] = os.path.join(cache_dir, t) if cache_dir else os.path.join(tmp, f"cache_{t}")
-                out_path = os.path.join(tmp, f"{t}.json")
-                cmd = [sys.executable, str(TOOL_PATH), "--worker", t, "--module", str(module_path),
-                       "--tables", str(tables_path), "--worker-out", out_path]
-                if dump_dir:
-                    cmd += ["--dump", str(dump_dir)]
-                log = open(os.path.join(tmp, f"{t}.log"), "w")
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO_ROOT))
-                running[t] = (proc, log, out_path, time.time())
-            time.sleep(0.05)
-            for t, (proc, log, out_path, started) in list(running.items()):
-                if proc.poll() is None and time.time() - started < timeout_s:
-                    continue
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                log.close()
-                del running[t]
-                log_text = Path(tmp, f"{t}.log").read_text(errors="replace")
-                if proc.returncode == 0 and os.path.exists(out_path):
-                    results[t] = json.loads(Path(out_path).read_text())
-                else:
-                    report["worker_errors"][t] = (f"worker for {t} exited with {proc.returncode}: "
-                                                  + log_text[-3000:])
-    seen_asm = set()
+    jobs = max(1, min(jobs or (os.cpu_count() or 1), len(targets)))
+    with tempfile.TemporaryDirectory(prefix="kernel_report_") as tmp, \
+            concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        parts = dict(zip(targets, pool.map(
+            lambda t: run_worker(t, module_path, tables_path, dump_dir, cache_dir, tmp, timeout_s), targets),
+            strict=True))
     for t in targets:
-        part = results.get(t)
-        if part is None:
+        part, error = parts[t]
+        if error:
+            report["worker_errors"][t] = error
             continue
-        if not report["rows"]:
-            report["rows"] = part["rows"]
-            report["module_kernels"] = part["module_kernels"]
+        report["rows"] = report["rows"] or part["rows"]
+        report["module_kernels"] = report["module_kernels"] or part["module_kernels"]
         report["records"].extend(part["records"])
-        for label in part["rows_without_kernels"]:
-            if label not in report["rows_without_kernels"]:
-                report["rows_without_kernels"].append(label)
-        for name in part["uncovered_kernels"]:
-            if name not in report["uncovered_kernels"]:
-                report["uncovered_kernels"].append(name)
+        for key in ("rows_without_kernels", "uncovered_kernels"):
+            report[key] += [x for x in part[key] if x not in report[key]]
         for finding in part["inline_asm"]:
-            key = (finding["function"], finding["line"])
-            if key not in seen_asm:
-                seen_asm.add(key)
+            if (finding["function"], finding["line"]) not in {(f["function"], f["line"]) for f in report["inline_asm"]}:
                 report["inline_asm"].append(finding)
-        for err in part["errors"]:
-            msg = f"[{t}] {err}"
-            if msg not in report["errors"]:
-                report["errors"].append(msg)
+        report["errors"] += [f"[{t}] {err}" for err in part["errors"]]
     return report
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1139,8 +623,8 @@ def _notes(report):
     for label in report["rows_without_kernels"]:
         notes.append(f"note: route-table row {label} has no Triton kernel (empty compile plan)")
     for name in report["uncovered_kernels"]:
-        notes.append(f"WARNING: @triton.jit kernel {name} is selected by no route-table row or "
-                     "TRITON_EXTRA_CONFIGS entry: it was not compiled")
+        notes.append(f"WARNING: @triton.jit kernel {name} is selected by no route-table row or candidate: "
+                     "it was not compiled")
     for f in report["inline_asm"]:
         state = f"guarded by `{f['guard']}`" if f["guarded"] else "NOT guarded per target"
         notes.append(f"{'note' if f['guarded'] else 'WARNING'}: inline_asm_elementwise in {f['function']} "
@@ -1166,6 +650,7 @@ def format_markdown(report, targets=None):
     return "\n".join(lines)
 
 
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1174,8 +659,8 @@ def main(argv=None):
     parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
                         help="comma-separated: gfx950 (MI355X), gfx942 (MI300X), sm90 (H100/H200)")
     parser.add_argument("--tables", metavar="PATH", default=None,
-                        help="read TRITON_ROUTE_TABLE / TRITON_EXTRA_CONFIGS from this file (default: the "
-                             "module when it has them, else submission.py)")
+                        help="read the route tables from this file (default: the module when it has them, "
+                             "else submission.py)")
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table (for the README)")
     parser.add_argument("--dump", metavar="DIR", help="write each compiled kernel's amdgcn / ptx here")

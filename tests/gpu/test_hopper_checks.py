@@ -1,9 +1,8 @@
 """The Hopper route (submission.hopper_fp8_route: Gluon, TMA, fp8 wgmma) on an sm_90 GPU, strictly
 against float64 attention and the runner's check: leaderboard shapes x split counts x kernel
-configs (two calls bit-identical), ragged KV lengths with empty splits, q rows away from row =
-batch (the kernel's speculative q read), and the cooperative merge across its counters' int32
-wrap. Formerly bench/hopper_probe.py (git show a5ed244:bench/hopper_probe.py, which also had a
-timing grid); its repeated-call check is tests/gpu/test_stress.py.
+configs (two calls bit-identical), ragged KV lengths with empty splits, and the cooperative merge
+across its counters' int32 wrap. Indptrs that leave the cache, or a q row other than the batch
+row's, come back as NaN rows (tests/test_inputs.py); the repeated-call check is tests/gpu/test_stress.py.
 
 Time on an H200: about 30-40 s, most of it compiling some 30 kernel variants (split count x
 warps x ring slots x merge kind) when Triton's cache is cold; the calls themselves take < 5 s.
@@ -88,23 +87,6 @@ def test_ragged_lengths(cases, kv_lens, cfg, splits):
     case = cases(len(kv_lens), max(kv_lens), 5, kv_lens)
     out = run_poisoned(submission.hopper_fp8_route, case.data, num_splits=splits, **cfg)
     failures = strict_failures(out, case, bound(ROUTE), max_mismatch=MAX_MISMATCH)
-    assert not failures, failures
-
-
-@pytest.mark.parametrize("splits", (1, 4))
-@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[-1]], ids=_config_id)
-def test_q_rows_away_from_row_batch(cases, cfg, splits):
-    """The kernel reads q at row `batch` before qo_indptr answers and must read it again where
-    qo_indptr points: here rows 1, 3, 5, ... of a q with large junk rows between."""
-    case = cases(8, 1024, 3)
-    q, kv_data, qo_indptr, kv_indptr, config = case.data
-    junk = torch.Generator(device=q.device).manual_seed(0)
-    spread = (torch.randn(2 * q.shape[0], *q.shape[1:], device=q.device, generator=junk) * 50).to(q.dtype)
-    spread[1::2] = q
-    rows = 2 * torch.arange(q.shape[0] + 1, device=q.device, dtype=qo_indptr.dtype) + 1
-    out = run_poisoned(submission.hopper_fp8_route, (spread, kv_data, rows, kv_indptr, config), num_splits=splits,
-                       **cfg)
-    failures = strict_failures(out[1::2], case, bound(ROUTE), REF_FACTOR, MAX_MISMATCH)
     assert not failures, failures
 
 

@@ -21,7 +21,7 @@ pytestmark = [
 
 CALLS = 1000
 COOPERATIVE_ROWS = [row for row in submission.TRITON_ROUTE_TABLE
-                    if row["route"] == "hopper_fp8" and row["params"].get("cooperative_merge", True)
+                    if row["route"] == "hopper_fp8"
                     and row["params"].get("num_splits", 1) >= 2
                     and row["max_batch"] is not None and row["max_kv_len"] is not None]
 
