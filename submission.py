@@ -634,7 +634,7 @@ def _mla_decode_mxfp4_kernel(
     keeps its own max; O^T = acc * 2^(W - 128) / sum at the end (or in the partials). P . V keeps
     the register dequantisation in both modes: MXFP4 scales run along the latent dim, the M dim of
     V^T . P^T, and dot_scaled only takes scales along K (the tokens there).
-    A scale byte 255 (e8m0's NaN) makes its token's score NaN: poison stays visible.
+    A scale byte 255 (e8m0's NaN) makes its token's weight NaN: poison stays visible.
     Bytes: 306 per KV token, read once; partials as in the fp8 kernel (float32, permuted dim order).
     Rows with no KV (empty indptr segment) produce zeros, as the reference does.
     """
@@ -652,11 +652,13 @@ def _mla_decode_mxfp4_kernel(
     rope_blocks = tl.arange(0, ROPE_BLOCKS)
     tokens = tl.arange(0, BLOCK_N)
     q_ptrs = Q + batch * stride_q_token + heads[None, :] * stride_q_head
+    # q's poison rides on a value the loop keeps anyway: q_exp (its unit, "none") or the row's poison
     if QK_DOT_SCALED == "e4m3":
         q_a, q_b, q_c, q_d, q_e, q_f, q_exp, q_poison = _mxfp4_q_mxfp8(q_ptrs, HALF, ROPE_BYTES, NUM_HEADS)
+        poison += q_poison
     else:
         q_a, q_b, q_c, q_d, q_e, q_f, q_exp, q_poison = _mxfp4_q_f16(q_ptrs, pairs, rope_pairs, HALF)
-    poison += q_poison
+        q_exp += q_poison
 
     running_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
     running_sum = tl.zeros([NUM_HEADS], tl.float32)
@@ -684,13 +686,13 @@ def _mla_decode_mxfp4_kernel(
             scores_t = _mxfp4_scores_f16(packed_lo, packed_hi, packed_rope, scales_lo, scales_hi, scales_rope, ref,
                                          q_a, q_b, q_c, q_d, q_e, q_f, q_exp, sm_scale_log2, BLOCK_N, HALF_BYTES,
                                          LO_BLOCKS, ROPE_BYTES, ROPE_BLOCKS)
-        scores_t = tl.where(ref[:, None] == 255, float("nan"), scores_t)
         scores_t = tl.where(valid[:, None], scores_t, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores_t, 0))
         shifted_t = scores_t - new_max[None, :]
         running_sum = running_sum * tl.exp2(running_max - new_max) + tl.sum(tl.exp2(shifted_t), 0)
-        # P . V weights with each token's V unit folded in, in the log2 domain: w_t = 2^(s_t - m + ref_t - W) <= 1
-        weight_logits_t = shifted_t + ref.to(tl.float32)[:, None]
+        # P . V weights with each token's V unit folded in, in the log2 domain: w_t = 2^(s_t - m + ref_t - W) <= 1;
+        # a scale byte 255 (e8m0's NaN) makes its token's weight NaN
+        weight_logits_t = shifted_t + tl.where(ref == 255, float("nan"), ref.to(tl.float32))[:, None]
         weight_max = weight_max + (running_max - new_max)  # the old terms' logits shift with m
         new_weight_max = tl.maximum(weight_max, tl.max(weight_logits_t, 0))
         correction = tl.exp2(weight_max - new_weight_max)

@@ -28,7 +28,7 @@ def test_instrumented_kernel_compiles_for_sm90(tmp_path, monkeypatch):
     path.write_text(trace_probe.instrumented_source(str(REPO_ROOT / "submission.py")))
     tables = tmp_path / "tables.py"  # one Hopper row: compile only the traced kernel
     tables.write_text('TRITON_ROUTE_TABLE = [{"max_batch": None, "max_kv_len": None, "route": "hopper_fp8", '
-                      '"params": {"num_splits": 4, "cooperative_merge": True}}]\nTRITON_EXTRA_CONFIGS = []\n')
+                      '"params": {"num_splits": 4}}]\n')
     out = tmp_path / "report.json"
     kr.main(["--module", str(path), "--tables", str(tables), "--targets", "sm90", "--json", str(out)])
     records = [r for r in json.loads(out.read_text())["records"] if r["kernel"] == "_mla_decode_fp8_hopper_kernel"]

@@ -34,8 +34,8 @@ CLOCK = 'gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.i
 
 # (marker text in submission.py, text to put in its place); {S} = STAMP, {C} = CLOCK
 INSERTIONS = [
-    ("PARTIAL_LSE, SPLIT_TICKETS,\n    sm_scale_log2, stride_q_token, stride_o_token,",
-     "PARTIAL_LSE, SPLIT_TICKETS,\n    TRACE, sm_scale_log2, stride_q_token, stride_o_token,"),
+    ("PARTIAL_LSE, SPLIT_TICKETS,\n    sm_scale_log2, kv_rows, stride_q_token, stride_o_token,",
+     "PARTIAL_LSE, SPLIT_TICKETS,\n    TRACE, sm_scale_log2, kv_rows, stride_q_token, stride_o_token,"),
     ("    split = gl.program_id(1)\n",
      "    split = gl.program_id(1)\n    t_start = {S}\n    c_start = {C}\n"
      "    trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
@@ -57,8 +57,8 @@ INSERTIONS = [
     ("    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n",
      "    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n"
      "    t_loop = {S}\n"),
-    ("slot_id,\n                 WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n",
-     "slot_id,\n                 WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n    t_stores = {S}\n"),
+    ("\n                 slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n",
+     "\n                 slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n    t_stores = {S}\n"),
     ("NUM_SPLITS,\n                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n",
      "NUM_SPLITS,\n                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n"
      "    t_end = {S}\n    c_end = {C}\n"
@@ -67,9 +67,8 @@ INSERTIONS = [
      "    gl.store(trace + 5, wait_cycles)\n    gl.store(trace + 6, s_cycles)\n"
      "    gl.store(trace + 7, softmax_cycles)\n    gl.store(trace + 8, pv_cycles)\n"
      "    gl.store(trace + 9, c_end - c_start)\n    gl.store(trace + 10, num_tiles.to(gl.int64))\n"),
-    ('"SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "stride_q_token": "i32", "stride_o_token": "i32",',
-     '"SPLIT_TICKETS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32", "stride_q_token": "i32", '
-     '"stride_o_token": "i32",'),
+    ('"SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_rows": "i32",',
+     '"SPLIT_TICKETS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32", "kv_rows": "i32",'),
     ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),",
      "(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets, "
      "TRACE_BUFFER),"),
