@@ -1119,7 +1119,7 @@ def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison
     """The program's result: with one split the bf16 output row; otherwise this split's float32
     partial (heads x dims, like the output) and its lse. An empty split (a row shorter than the
     split grid) has sum 0: partial 0, lse -inf (weight 0 in the merge). `poison` (0 or NaN, see
-    _row_range) is added to the output's scale and to the lse."""
+    _row_poison) is added to the output's scale and to the lse."""
     running_sum = gl.sum(row_sums, 0)
     out0 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc0, WARPS)), _output_layout(WARPS))
     out1 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc1, WARPS)), _output_layout(WARPS))
@@ -1210,7 +1210,7 @@ def _mla_decode_fp8_hopper_kernel(
 
     # Prologue. Every global read it needs is issued before any of them is used: the scale, q and
     # the indptrs. Decode has one query row per batch row: q is read at row `batch`, and a
-    # qo_indptr that says otherwise poisons the row (_row_range): the prologue waits for one
+    # qo_indptr that says otherwise poisons the row (_row_poison): the prologue waits for one
     # memory latency (h8).
     kv_scale = gl.load(KV_SCALE)
     q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)

@@ -84,14 +84,7 @@ if HAVE_GLUON:
         """(heads x dims): 4 consecutive dims per thread (16-byte stores), 64 floats per thread."""
         return gl.BlockedLayout([1, 4], [1, 32], [warps, 1], [1, 0])
 
-    @triton.constexpr_function
-    def _merge_layout(splits, dims, heads, warps):
-        """submission.py's _merge_layout: all splits in-thread, 64 / splits contiguous dims."""
-        per_thread = min(4, max(1, 64 // splits))
-        dim_lanes = min(dims // per_thread, 8)
-        dim_warps = max(1, min(warps, dims // (per_thread * dim_lanes)))
-        return gl.BlockedLayout([splits, per_thread, 1], [1, dim_lanes, 32 // dim_lanes],
-                                [1, dim_warps, warps // dim_warps], [1, 2, 0])
+    from submission import _merge_layout  # the merge's own layout: all splits in-thread
 
     @triton.constexpr_function
     def _flat_shared(order):
