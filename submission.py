@@ -2521,6 +2521,10 @@ def _failure(why, detail=None):
     return {"why": why, "detail": " ".join(str(detail or why).split())[:300]}
 
 
+def _raised(exc):
+    return _failure(f"raised {type(exc).__name__}", f"{type(exc).__name__}: {exc}")
+
+
 def race_run(candidate, data, total_kv, truth):
     """(output, None) when the candidate runs here and passes race_judge, else (None, _failure)."""
     route = candidate["route"]
@@ -2531,7 +2535,7 @@ def race_run(candidate, data, total_kv, truth):
         out = run_candidate(candidate, data, total_kv)
         why = race_judge(truth, candidate, out)
     except Exception as exc:  # a candidate that cannot run here is reported, not fatal
-        return None, _failure(f"raised {type(exc).__name__}", f"{type(exc).__name__}: {exc}")
+        return None, _raised(exc)
     return (None, _failure(why)) if why else (out, None)
 
 
@@ -2585,7 +2589,7 @@ def race_measure(candidate, inputs, total_kv, options):
             for call in calls:
                 times += timer(candidate, call, repeats, flush)
     except Exception as exc:
-        return _failure(f"raised {type(exc).__name__}", f"{type(exc).__name__}: {exc}")
+        return _raised(exc)
     return {"median": _quartiles(times)[1], "mean": sum(times) / len(times), "times": times}
 
 

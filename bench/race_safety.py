@@ -34,22 +34,16 @@ BAD = ["gpu_fault", "gpu_hang", "aborts", "segfaults", "zeros", "every_2nd_token
 def containment(out_dir):
     import torch
 
-    import race_child
     import reference
     from aiter_double import loader
 
-    mod = loader.load_submission(None).module  # no aiter: the Triton table, as on this GPU
-    bad = BAD
+    mod, bad = _module_with_stand_ins(BAD), BAD
     first = {"route": "triton_fp8", "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}}
     hopper = {"route": "hopper_fp8", "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}}
     table = [{"max_batch": 4, "max_kv_len": 1024, **first,
               "candidates": [{"route": name, "params": {}} for name in bad] + [hopper]},
              {"max_batch": None, "max_kv_len": None, **first}]
     mod.TRITON_ROUTE_TABLE = table
-    mod.race_command = [sys.executable, os.path.join(ROOT, "tests", "race_child.py")]
-    mod.race_cache_dir = tempfile.mkdtemp()
-    race_child.register(mod, bad)
-    os.environ["RACE_TEST_CHILD"] = json.dumps({"generation": None, "stand_ins": bad})
     report = []
     for seed, gain in ((4217, 1.0), (4218, 1.0), (4219, 8.0)):
         data = reference.generate_input(4, 1, 1024, seed)
