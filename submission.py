@@ -1209,17 +1209,19 @@ def _mla_decode_fp8_hopper_kernel(
                                                      instr_shape=[16, 2 * NUM_HEADS, 32])
 
     # Prologue. Every global read it needs is issued before any of them is used: the scale, q and
-    # the indptrs. Decode has one query row per batch row: q is read at row `batch`, and a
-    # qo_indptr that says otherwise poisons the row (_row_poison): the prologue waits for one
-    # memory latency (h8).
+    # the indptrs; the first TMA issue waits for the indptrs only (one memory latency, h8). Decode
+    # has one query row per batch row: q is read at row `batch`, and a qo_indptr that says
+    # otherwise poisons the row (_row_poison, used only in the epilogue). TMA reads zeros outside
+    # the cache; the range is also cut to the cache's rows, so a row far outside it loops over no
+    # tiles.
     kv_scale = gl.load(KV_SCALE)
     q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
     row_begin = gl.load(KV_INDPTR + batch)
     row_end = gl.load(KV_INDPTR + batch + 1)
-    # TMA reads nothing outside the cache (boxes past its rows come back as zeros), so the range
-    # is not clamped here; a row outside it is poisoned off the critical path
     poison = _row_poison(QO_INDPTR, batch, row_begin, row_end, kv_rows)
     kv_begin, kv_end = _split_bounds(row_begin, row_end, split, NUM_SPLITS, BLOCK_N)
+    kv_begin = gl.maximum(kv_begin, 0)
+    kv_end = gl.minimum(kv_end, kv_rows)
     num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
 
     kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK], lat_desc.layout)
@@ -1234,11 +1236,15 @@ def _mla_decode_fp8_hopper_kernel(
     pt_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * NUM_HEADS, BLOCK_N],
                                         gl.NVMMASharedLayout.get_default_for([2 * NUM_HEADS, BLOCK_N], gl.float8e4nv))
 
-    # The first STAGES - 1 tile loads fly while q is quantised.
+    # The first STAGES - 1 tile loads fly while q is quantised. An empty split (a row shorter than
+    # the split grid) needs no q; the branch also keeps the quantisation after the issue, ahead of
+    # which ptxas would otherwise schedule q's amax, making the issue wait for q (h33).
     for t in gl.static_range(STAGES - 1):
         _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, kv_begin + t * BLOCK_N,
                    t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
-    score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
+    score_scale = 0.0
+    if num_tiles > 0:
+        score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
 
     # Tiles.
     running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))

@@ -16,6 +16,7 @@ The bar (a failure names the config and its numbers: choose another config in th
 - mxfp4 route: a config with qk_dot_scaled "e4m3" compiles to tt.dot_scaled and has v_mfma_scale in
   its gfx950 hot loop; one with "none" uses neither.
 - No unguarded inline assembly (inline_asm_elementwise outside a per-target `if`).
+- sm90: the Hopper kernel's first TMA issue precedes q's amax in the SASS (NOTES h33).
 """
 import json
 import sys
@@ -151,6 +152,20 @@ def test_hopper_kernel_compiles_for_sm90_only_with_both_products_in_fp8(report):
         assert r["lds_bytes"] <= submission.hopper_shared_bytes_bound(stages), kr.describe_record(r)
         resident = r["occupancy"]["resident"] // r["num_warps"]
         assert resident >= submission.hopper_programs_per_sm(warps, stages), kr.describe_record(r)
+
+
+def test_hopper_first_tile_loads_are_issued_before_q_is_quantised(report):
+    """ptxas keeps the prologue's order (NOTES h33): in every Hopper config the first TMA issue
+    (UTMALDG) precedes q's amax (FMNMX), so the issue waits for the indptrs only. Scheduled the
+    other way round the issue also waits for q: +0.3-0.5 us on the small leaderboard shapes."""
+    hopper = [r for r in compiled(report, "sm90") if r["kernel"] == "_mla_decode_fp8_hopper_kernel"]
+    assert hopper
+    for r in hopper:
+        first = r["sass_first"]
+        assert first["UTMALDG"] is not None and first["FMNMX"] is not None, kr.describe_record(r)
+        assert first["UTMALDG"] < first["FMNMX"], (f"{kr.describe_record(r)}: first UTMALDG at "
+                                                   f"{first['UTMALDG']:#x}, after q's first FMNMX at "
+                                                   f"{first['FMNMX']:#x}")
 
 
 def test_mxfp4_route_uses_scaled_mfma_on_gfx950_where_it_asks_for_it(report):
@@ -395,6 +410,18 @@ def test_parse_amdgcn_and_ptxas():
            "ptxas info    : Used 255 registers, used 1 barriers, 584 bytes cumulative stack size\n")
     assert ka.parse_ptxas(out) == {"registers": 255, "stack_frame_bytes": 584, "spill_store_bytes": 612,
                                    "spill_load_bytes": 608}
+
+
+def test_sass_first_reads_predicated_and_plain_instructions():
+    sass = textwrap.dedent("""\
+            /*0430*/                   FMNMX R20, |R48|, |R33|, !PT ;          /* 0x4000002130147209 */
+            /*0890*/              @UP4 UTMALDG.2D [UR40], [UR8] ;              /* 0x00000028080045b4 */
+            /*08c0*/             @!UP2 UTMALDG.2D [UR12], [UR18] ;             /* 0x0000000c120025b4 */
+            /*1210*/               @P1 FMNMX R61, |R45|, |R36|, !PT ;          /* 0x4000002d3d3d1209 */
+        """)
+    assert ka.sass_first(sass) == {"UTMALDG": 0x890, "FMNMX": 0x430}
+    assert ka.sass_first(sass, ("UTMALDG", "HMMA")) == {"UTMALDG": 0x890, "HMMA": None}
+    assert ka.sass_first(sass.replace("FMNMX R20", "FMNMXX R20"))["FMNMX"] == 0x1210  # whole opcodes only
 
 
 def test_occupancy_formulas():

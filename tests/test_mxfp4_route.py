@@ -232,7 +232,7 @@ def test_route_rejects_unknown_strategy(mode):
 
 
 @pytest.mark.skipif(INTERPRETED, reason="tl.dot_scaled has no interpreter implementation in Triton 3.6")
-@pytest.mark.parametrize("mode,bound", [("bf16", DEQ_BOUND), ("e4m3", 0.05)])
+@pytest.mark.parametrize("mode,bound", [("e4m3", 0.05)])
 def test_dot_scaled_strategy_on_gpu(mode, bound):
     data = make_data([1, 37, 100, 64], seed=23)
     for num_splits in (1, 3):

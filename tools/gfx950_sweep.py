@@ -203,13 +203,26 @@ def cached(cache, kernel_name, num_splits, knobs):
     return cache["records"].get(point_key(*sweep_point(kernel_name, num_splits, knobs)))
 
 
+def canonical_ast(node):
+    """ast.dump's form without the fields that are None or empty: the same text on every Python
+    from 3.10 on (3.12 added FunctionDef.type_params, 3.13's dump omits empty fields), so the
+    hash below does not depend on which Python computed it."""
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={canonical_ast(value)}" for name, value in ast.iter_fields(node)
+                  if value is not None and value != []]
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return f"[{', '.join(map(canonical_ast, node))}]"
+    return repr(node)
+
+
 def _code_of(fn):
     """A function's code without its docstring and comments (they do not change what compiles)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     body = tree.body[0].body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         tree.body[0].body = body[1:]
-    return ast.dump(tree)
+    return canonical_ast(tree)
 
 
 def kernels_source_hash(module):

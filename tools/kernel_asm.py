@@ -2,7 +2,8 @@
 imply, and the matrix and global-load instructions of its hot loop (tools/kernel_report.py's facts).
 
 AMD facts come from the amdgcn text (LLVM's ``; NumVgprs`` ... comments and the ``.vgpr_spill_count``
-metadata), NVIDIA facts from Triton's bundled ``ptxas -v`` on the PTX and from the PTX itself. The
+metadata), NVIDIA facts from Triton's bundled ``ptxas -v`` on the PTX, from the PTX itself, and from
+the cubin's SASS (``cuobjdump -sass``: where the first TMA issue and the first float max fall). The
 hot loop is the loop, as LLVM annotates it in the assembly ("Loop Header: Depth=N" / "in Loop:
 Header=BBx_y"), holding the most matrix instructions.
 """
@@ -358,17 +359,45 @@ def parse_ptxas(output):
     }
 
 
-def ptxas_path():
-    """Triton's bundled ptxas, else one on PATH."""
+def cuda_tool_path(name):
+    """Triton's bundled CUDA tool (ptxas, cuobjdump), else one on PATH."""
     import triton
 
-    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
     if os.path.exists(bundled):
         return bundled
-    found = shutil.which("ptxas")
+    found = shutil.which(name)
     if found:
         return found
-    raise FileNotFoundError(f"no ptxas: neither {bundled} nor one on PATH")
+    raise FileNotFoundError(f"no {name}: neither {bundled} nor one on PATH")
+
+
+def ptxas_path():
+    return cuda_tool_path("ptxas")
+
+
+# SASS opcodes whose first address kernel_facts records: the first TMA issue, and the first float
+# max (the Hopper kernel's q amax), whose order says whether the issue waits for q (NOTES h33).
+SASS_FIRST_OPCODES = ("UTMALDG", "FMNMX")
+
+
+def sass_first(sass, opcodes=SASS_FIRST_OPCODES):
+    """{opcode: address of its first instruction in cuobjdump -sass text (predicated or not), or None}."""
+    firsts = {}
+    for opcode in opcodes:
+        found = re.search(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?" + re.escape(opcode) + r"\b", sass)
+        firsts[opcode] = int(found.group(1), 16) if found else None
+    return firsts
+
+
+def cubin_sass(cubin):
+    """The SASS text of a cubin (cuobjdump -sass)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return subprocess.run([cuda_tool_path("cuobjdump"), "-sass", path], capture_output=True, text=True,
+                              check=True).stdout
 
 
 def run_ptxas(ptx):
@@ -418,6 +447,7 @@ def kernel_facts(compiled, is_amd, num_warps, lds_per_block, lds_per_unit):
         occupancy = nvidia_occupancy(nv["registers"] or 0, shared, num_warps, lds_per_unit)
         occupancy["compiler"] = None
         mma_in_line, load_in_line, facts["asm_kind"] = ptx_mma_in_line, ptx_load_in_line, "ptx"
+        facts["sass_first"] = sass_first(cubin_sass(compiled.asm["cubin"])) if "cubin" in compiled.asm else None
     facts["occupancy"] = occupancy
     facts["mma"] = matrix_instructions(asm, mma_in_line)
     facts["loads"] = global_loads(asm, load_in_line, facts["mma"]["loop_header"])
