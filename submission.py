@@ -1192,7 +1192,8 @@ def _mla_decode_fp8_hopper_kernel(
     P^T in fp8 (_store_probs);  for each 128-dim chunk of V: read from the ring slot straight into
     the MMA's register fragment of V_c^T (bytes repacked in registers, see _pv_chunk),
     acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB
-    of P: STAGES 2 fits two programs per SM (about 235 registers per thread at 4 warps, no spills).
+    of P: STAGES 2 fits two programs per SM (237-255 registers per thread at 4 warps, no spills:
+    docs/kernel_report.md).
     NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split, merged by _merge_row.
     Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; past the
     cache TMA reads zeros); q; out; per split a 32 KiB float32 partial. A row whose indptr entries

@@ -4,6 +4,11 @@ CUDA events around one call); medians, then the geomean per (module, params) col
 
     python bench/ab_probe.py A.py B.py [C.py ...] [--route hopper_fp8] [--params JSON-list] [--repeats 40]
     python bench/ab_probe.py A.py B.py --whole [--l2-flush runner] [--repeats 30]
+    python bench/ab_probe.py A.py B.py A.py --whole --shapes 64x1024 --repeats 300
+
+A module given twice is loaded and timed twice (A.py B.py A.py brackets B between two copies of A:
+the difference between A's two columns is the run's own spread). --shapes: a comma-separated subset
+of the leaderboard shapes (BATCHxKV).
 
 --whole: each module's custom_kernel as a whole (its own table, its checks and launch path): the
 wall time of its first call on each shape (where a candidate race runs) and the route it then
@@ -43,13 +48,15 @@ def main():
                         help="skip the accuracy assert (ablations that drop work on purpose)")
     parser.add_argument("--whole", action="store_true", help="time each module's custom_kernel and its host time")
     parser.add_argument("--l2-flush", default="default", choices=utils.L2Flusher.MODES)
+    parser.add_argument("--shapes", default=None, help="BATCHxKV,... (default: every leaderboard shape)")
     args = parser.parse_args()
+    args.shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     modules = [runner.load_submission(path, f"ab_{i}") for i, path in enumerate(args.modules)]
     flush = utils.L2Flusher(args.l2_flush)
     if args.whole:
         return compare_whole(modules, args, flush)
     columns = {}  # module index -> best median per shape
-    for batch, kv in SHAPES:
+    for batch, kv in args.shapes:
         data = reference.generate_input(batch, 1, kv, 7)
         expected = reference.ref_kernel(data)
         param_sets = []
@@ -79,6 +86,26 @@ def main():
         print(f"  {os.path.basename(path)}: geomean {utils.geomean(columns[i]):.1f} us over {len(columns[i])} shapes")
 
 
+def parse_shapes(text):
+    """'64x1024,4x8192' -> [(64, 1024), (4, 8192)]."""
+    shapes = []
+    for item in text.split(","):
+        batch, _, kv = item.strip().partition("x")
+        if not (batch.isdigit() and kv.isdigit()):
+            raise SystemExit(f"--shapes: {item!r} is not BATCHxKV")
+        shapes.append((int(batch), int(kv)))
+    return shapes
+
+
+def column_names(paths):
+    """Each module's file name; a file given again gets its position: a.py, b.py, a.py#3."""
+    names = []
+    for i, path in enumerate(paths):
+        name = os.path.basename(path)
+        names.append(name if name not in names else f"{name}#{i + 1}")
+    return names
+
+
 def host_us(fn):
     """Host time of one call, the GPU idle before it (perf_counter, no sync inside)."""
     torch.cuda.synchronize()
@@ -90,9 +117,9 @@ def host_us(fn):
 
 
 def compare_whole(modules, args, flush):
-    names = [os.path.basename(path) for path in args.modules]
+    names = column_names(args.modules)
     columns = {name: {"host": [], "median": [], "mean": []} for name in names}
-    for batch, kv in SHAPES:
+    for batch, kv in args.shapes:
         data = reference.generate_input(batch, 1, kv, 7)
         truth = reference.attention_float64(data)
         calls, firsts = {}, []
