@@ -223,9 +223,10 @@ def test_padded_scale_layout_only_meaningful_entries_read():
     assert torch.equal(out, base)
 
 
-@pytest.mark.parametrize("mode", ["e2m1", True, False, None])
+@pytest.mark.parametrize("mode", ["e2m1", "bf16", True, False, None])
 def test_route_rejects_unknown_strategy(mode):
-    """One spelling per mode: "none", "bf16", "e4m3"; anything else is a ValueError naming the parameter."""
+    """One spelling per mode: "none", "e4m3"; anything else (the removed "bf16" too) is a ValueError
+    naming the parameter."""
     data = make_data([16], seed=1)
     with pytest.raises(ValueError, match="qk_dot_scaled"):
         run(data, qk_dot_scaled=mode)
