@@ -1239,13 +1239,17 @@ def _mla_decode_fp8_hopper_kernel(
 
     # The first STAGES - 1 tile loads fly while q is quantised. An empty split (a row shorter than
     # the split grid) needs no q; the branch also keeps the quantisation after the issue, ahead of
-    # which ptxas would otherwise schedule q's amax, making the issue wait for q (h33).
+    # which ptxas would otherwise schedule q's amax, making the issue wait for q (h33). The empty
+    # path's barrier orders the ring barriers' init before their invalidation; without it Triton
+    # puts that barrier at the tile loop's exit, on every path (h35).
     for t in gl.static_range(STAGES - 1):
         _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, kv_begin + t * BLOCK_N,
                    t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
     score_scale = 0.0
     if num_tiles > 0:
         score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
+    else:
+        gl.thread_barrier()
 
     # Tiles.
     running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))

@@ -39,8 +39,9 @@ INSERTIONS = [
     ("    split = gl.program_id(1)\n",
      "    split = gl.program_id(1)\n    t_start = {S}\n    c_start = {C}\n"
      "    trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
-    ("_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n",
-     "_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n    t_prologue = {S}\n"
+    ("_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n    else:\n        gl.thread_barrier()\n",
+     "_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n    else:\n        gl.thread_barrier()\n"
+     "    t_prologue = {S}\n"
      "    wait_cycles = c_start * 0\n    s_cycles = c_start * 0\n    softmax_cycles = c_start * 0\n"
      "    pv_cycles = c_start * 0\n"),
     ("        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n",
