@@ -2375,6 +2375,15 @@ def race_row_hash(row):
     return hashlib.sha256(json.dumps(race_candidates(row), sort_keys=True).encode()).hexdigest()[:6]
 
 
+def failure_mark(result, shape):
+    """The mark "died@BxK" (hung@, raised@) when `result` is a failure of its own at `shape` that
+    ends its kernel's race for the rest of the job (RACE_FAILURES), else None (timed, judged
+    wrong, or a mark carried over from another row)."""
+    why = result.get("why", "")
+    kind = why.split(" ")[0]
+    return f"{kind}@{shape[0]}x{shape[1]}" if kind in RACE_FAILURES and "@" not in why else None
+
+
 def race_measurable():
     """Whether candidates can be measured here: a measuring command given (tests), or a GPU and
     this file on disk to run as the measuring process."""
@@ -2657,8 +2666,9 @@ def race_child_main():
                 continue
             _emit(start=[row["shape"], index])
             result = race_measure(candidate, inputs, batch * kv_len, options)
-            if result.get("why", "").startswith("raised"):
-                raised.setdefault(kernel, (row["shape"], f"raised@{batch}x{kv_len}"))
+            mark = failure_mark(result, row["shape"])  # here only "raised@": deaths and hangs end the process
+            if mark is not None:
+                raised.setdefault(kernel, (row["shape"], mark))
             if "why" in result and device == "cuda":
                 try:  # a fault that poisons the GPU context fails every later candidate: end here
                     torch.cuda.synchronize()
@@ -2824,9 +2834,9 @@ class _Measuring:
 
     def record(self, key, result):
         self.results[key] = result
-        kind = result.get("why", "").split(" ")[0].split("@")[0]
-        if kind in RACE_FAILURES and "@" not in result["why"]:
-            self.failed.setdefault(candidate_kernel(self.candidates[key]), (key[0], f"{kind}@{key[0][0]}x{key[0][1]}"))
+        mark = failure_mark(result, key[0])
+        if mark is not None:
+            self.failed.setdefault(candidate_kernel(self.candidates[key]), (key[0], mark))
         if self.on_result is not None:
             self.on_result(key[0], key[1], result)
 

@@ -95,10 +95,6 @@ def _log(text):
     print(text, file=sys.stderr, flush=True)
 
 
-def label(candidate):
-    return f'{candidate["route"]} {json.dumps(candidate["params"], separators=(",", ":"))}'
-
-
 def _key(candidate):
     return json.dumps(candidate, sort_keys=True)
 
@@ -336,8 +332,8 @@ def measure(sub, jobs, options, fp8_dtype, deadline, cache=None, context=None, p
                     if cacheable(result):
                         cache.put(ResultCache.key(context, job, job.candidates[index]), result)
                     if bar is not None:
-                        bar.set_postfix_str(f"{job.name} [{index + 1}] {label(job.candidates[index])}"[:70],
-                                            refresh=False)
+                        shown = f"{job.name} [{index + 1}] {route_tables.label(job.candidates[index])}"
+                        bar.set_postfix_str(shown[:70], refresh=False)
                         bar.update(1)
 
                 measured, note = sub.run_measuring([(job.shape, todo)], fp8_dtype, deadline,
@@ -346,10 +342,10 @@ def measure(sub, jobs, options, fp8_dtype, deadline, cache=None, context=None, p
                     mine[index] = result
                 if note:
                     notes[job.shape] = note
-            for index, result in mine.items():
-                word = result.get("why", "").split(" ")[0]
-                if word in sub.RACE_FAILURES:  # the race's rule: that kernel is not started again
-                    failed.setdefault(sub.candidate_kernel(job.candidates[index]), f"{word}@{job.batch}x{job.kv_len}")
+            for index, result in mine.items():  # the race's rule: that kernel is not started again
+                mark = sub.failure_mark(result, job.shape)
+                if mark is not None:
+                    failed.setdefault(sub.candidate_kernel(job.candidates[index]), mark)
             if sub.race_clock() >= deadline:
                 break
     finally:
@@ -478,7 +474,7 @@ def report(job, results, out, note=None):
              f"{len(job.candidates) - len(results)} not measured) =="]
 
     def entry(index):
-        return f"[{index + 1}] {label(job.candidates[index])}"
+        return f"[{index + 1}] {route_tables.label(job.candidates[index])}"
 
     if out["winner"] is None:
         lines.append("  no candidate was timed and judged right: the row is kept")
@@ -686,7 +682,7 @@ def _main(args, sub):
         print(f"\n{table_name}: every tuned row keeps its route: nothing to write")
     else:
         for job, after in sorted(changes, key=lambda change: change[0].row_index):
-            print(f"{table_name} {job.name}: {label(job.candidates[outcomes[job.shape]['winner']])}"
+            print(f"{table_name} {job.name}: {route_tables.label(job.candidates[outcomes[job.shape]['winner']])}"
                   + (f" ({after})" if after else ""))
         print(f"\n{route_tables.format_table(table_name, rows)}")
         if args.write:
@@ -706,7 +702,7 @@ def _main(args, sub):
             **{k: (v + 1 if isinstance(v, int) and k in ("winner", "runner_up") else v)
                for k, v in outcomes[job.shape].items() if k != "ranking"},
             "ranking": [i + 1 for i in outcomes[job.shape]["ranking"]],
-            "candidates": [{"index": i + 1, "label": label(c), "candidate": c,
+            "candidates": [{"index": i + 1, "label": route_tables.label(c), "candidate": c,
                             "result": results.get(job.shape, {}).get(i)} for i, c in enumerate(job.candidates)],
         } for job in jobs]}
     if args.json:

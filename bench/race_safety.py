@@ -31,6 +31,28 @@ TEST_SHAPES = [(4, 1024), (32, 1024), (64, 8192), (256, 8192)]
 BAD = ["gpu_fault", "gpu_hang", "aborts", "segfaults", "zeros", "every_2nd_token", "raises"]
 
 
+def _timed_call(mod, data):
+    """One call of mod.custom_kernel, the GPU idle before it and synchronised after: its wall time
+    (a first call's includes the race), the route it then keeps, its rel. L2 against float64
+    attention."""
+    import torch
+
+    import reference
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = mod.custom_kernel(data)
+    torch.cuda.synchronize()
+    return {"call_s": round(time.perf_counter() - start, 2), "route": mod.LAST_ROUTE,
+            "rel_l2": round(reference.rel_l2_error(out, data), 4)}
+
+
+def _race_lines(text):
+    """The race's lines of a stderr text, and their bytes."""
+    lines = [line for line in text.splitlines() if line.startswith("submission.py race")]
+    return lines, sum(len(line) + 1 for line in lines)
+
+
 def containment(out_dir):
     import torch
 
@@ -49,11 +71,7 @@ def containment(out_dir):
         data = reference.generate_input(4, 1, 1024, seed)
         if gain != 1.0:
             data = ((data[0] * gain).to(torch.bfloat16), *data[1:])
-        start = time.perf_counter()
-        out = mod.custom_kernel(data)
-        torch.cuda.synchronize()
-        report.append({"seed": seed, "q_gain": gain, "call_s": round(time.perf_counter() - start, 2),
-                       "route": mod.LAST_ROUTE, "rel_l2": reference.rel_l2_error(out, data)})
+        report.append({"seed": seed, "q_gain": gain, **_timed_call(mod, data)})
     # a fresh module whose FIRST call is sharp: honest candidates only
     sharp = loader.load_submission(None).module
     sharp.TRITON_ROUTE_TABLE = [{**table[0], "candidates": [hopper]}, table[1]]
@@ -61,9 +79,7 @@ def containment(out_dir):
     for seed, gain in ((4220, 8.0), (4221, 1.0)):
         data = reference.generate_input(4, 1, 1024, seed)
         data = ((data[0] * gain).to(torch.bfloat16), *data[1:])
-        out = sharp.custom_kernel(data)
-        report.append({"module": "sharp-first", "seed": seed, "q_gain": gain, "route": sharp.LAST_ROUTE,
-                       "rel_l2": reference.rel_l2_error(out, data)})
+        report.append({"module": "sharp-first", "seed": seed, "q_gain": gain, **_timed_call(sharp, data)})
     return report
 
 
@@ -95,13 +111,11 @@ def _race_stderr(run):
             os.close(saved)
         err.seek(0)
         text = err.read()
-    lines = [line for line in text.splitlines() if line.startswith("submission.py race")]
-    return result, lines, sum(len(line) + 1 for line in lines)
+    return (result, *_race_lines(text))
 
 
 def every_row(out_dir):
     """The faults in every racing row of the Triton table; each racing shape called once."""
-    import torch
 
     import reference
 
@@ -112,15 +126,9 @@ def every_row(out_dir):
     shapes = list(mod.racing_rows(mod.TRITON_ROUTE_TABLE))
 
     def calls():
-        report = []
-        for batch, kv_len in shapes:
-            data = reference.generate_input(batch, 1, kv_len, 7000 + batch + kv_len)
-            start = time.perf_counter()
-            out = mod.custom_kernel(data)
-            torch.cuda.synchronize()
-            report.append({"shape": [batch, kv_len], "call_s": round(time.perf_counter() - start, 2),
-                           "route": mod.LAST_ROUTE, "rel_l2": round(reference.rel_l2_error(out, data), 4)})
-        return report
+        return [{"shape": [batch, kv_len],
+                 **_timed_call(mod, reference.generate_input(batch, 1, kv_len, 7000 + batch + kv_len))}
+                for batch, kv_len in shapes]
 
     report, lines, size = _race_stderr(calls)
     rows = [line for line in lines if " TRITON_ROUTE_TABLE bs=" in line]
@@ -131,7 +139,6 @@ def every_row(out_dir):
 
 def budget_hang(out_dir):
     """A row whose first candidate hangs on the GPU past a 12 s job budget."""
-    import torch
 
     import reference
 
@@ -143,34 +150,19 @@ def budget_hang(out_dir):
                                "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}}]
     mod.RACE_JOB_BUDGET_S, mod.RACE_CANDIDATE_LIMIT_S = 12.0, 60.0
 
-    def call():
-        data = reference.generate_input(4, 1, 1024, 4217)
-        start = time.perf_counter()
-        out = mod.custom_kernel(data)
-        torch.cuda.synchronize()
-        return {"call_s": round(time.perf_counter() - start, 2), "route": mod.LAST_ROUTE,
-                "rel_l2": round(reference.rel_l2_error(out, data), 4)}
-
-    result, lines, size = _race_stderr(call)
+    result, lines, size = _race_stderr(lambda: _timed_call(mod, reference.generate_input(4, 1, 1024, 4217)))
     return dict(result, race_lines=lines, race_bytes=size)
 
 
 def one_step(shapes):
     """One runner step: the real submission.py, each shape's first call timed and checked."""
-    import torch
 
     import reference
     import submission
 
-    rows = []
-    for batch, kv_len in shapes:
-        data = reference.generate_input(batch, 1, kv_len, 1000 + batch + kv_len)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = submission.custom_kernel(data)
-        torch.cuda.synchronize()
-        rows.append({"shape": [batch, kv_len], "first_call_s": round(time.perf_counter() - start, 2),
-                     "route": submission.LAST_ROUTE, "rel_l2": round(reference.rel_l2_error(out, data), 4)})
+    rows = [{"shape": [batch, kv_len],
+             **_timed_call(submission, reference.generate_input(batch, 1, kv_len, 1000 + batch + kv_len))}
+            for batch, kv_len in shapes]
     print(json.dumps(rows))
 
 
@@ -184,11 +176,10 @@ def job(out_dir):
         start = time.perf_counter()
         done = subprocess.run([sys.executable, __file__, "--step", json.dumps(shapes)], env=env, cwd=ROOT,
                               capture_output=True, text=True)
-        race = [line for line in done.stderr.splitlines() if line.startswith("submission.py race")]
+        race, size = _race_lines(done.stderr)
         calls = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else done.stderr[-2000:]
         steps.append({"step": name, "rc": done.returncode, "process_s": round(time.perf_counter() - start, 1),
-                      "calls": calls,
-                      "race_bytes": sum(len(line) + 1 for line in race), "race_lines": race})
+                      "calls": calls, "race_bytes": size, "race_lines": race})
     return steps
 
 

@@ -31,10 +31,11 @@ def _outside(text, name):
 
 def test_the_real_tables_read_as_data_and_keep_their_structure(repo_root):
     """Both tables: a catch-all last; after each non-portable row a portable row for its bounds."""
-    text = (repo_root / "submission.py").read_text()
-    tables = rt.read_tables(text)
+    import submission
+
+    tables = rt.read_tables((repo_root / "submission.py").read_text())
     assert set(tables) == set(rt.TABLE_NAMES)
-    info = rt.route_info_of(text)
+    info = submission.ROUTE_INFO
     assert info["hopper_fp8"]["portable"] is False
     for name, rows in tables.items():
         assert rt.is_catch_all(rows[-1]) and not rows[-1].get("candidates"), name
@@ -44,6 +45,16 @@ def test_the_real_tables_read_as_data_and_keep_their_structure(repo_root):
                 after = rows[i + 1]
                 assert (after["max_batch"], after["max_kv_len"]) == (row["max_batch"], row["max_kv_len"])
                 assert info[after["route"]].get("portable", True)
+
+
+def test_the_tools_name_a_configuration_as_submission_does(repo_root):
+    import submission
+
+    for rows in rt.read_tables((repo_root / "submission.py").read_text()).values():
+        for row in rows:
+            for candidate in rt.row_candidates(row):
+                assert rt.label(candidate) == submission.route_label(candidate)
+    assert rt.label({"route": "r", "params": {"b": 1, "a": "x"}}) == 'r {"b":1,"a":"x"}'
 
 
 def test_rows_with_candidates_round_trip_within_120_characters(sub_copy):

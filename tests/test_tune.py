@@ -151,7 +151,7 @@ def test_write_forced_keeps_the_rows_structure_and_writes_json_and_chart(sub, su
     assert "written into" in printed and chart.stat().st_size > 0
     (shape,) = record["shapes"]
     assert shape["winner"] == 2 and shape["runner_up"] == 1 and shape["ranking"] == [2, 1, 3]
-    assert [c["label"] for c in shape["candidates"]] == [tune.label(c) for c in (first, fast, FP8)]
+    assert [c["label"] for c in shape["candidates"]] == [rt.label(c) for c in (first, fast, FP8)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ class Recorder:
         results = {}
         for shape, candidates in job_rows:
             for index, candidate in candidates:
-                median = self.medians.get(tune.label(candidate))
+                median = self.medians.get(rt.label(candidate))
                 result = {"median": median, "mean": median, "times": [median]} if median else {"why": "rel 1>0.07"}
                 results[(shape, index)] = result
                 on_result(shape, index, result)
@@ -179,7 +179,7 @@ class Recorder:
 def test_seeds_timing_and_flush_are_what_an_offline_tune_adds(sub, tmp_path, monkeypatch):
     first, fast = persistent(16), persistent(8)
     module = sub([racing(4, 64, first, fast), racing(2, 64, first, fast), CATCH_ALL], [])
-    recorder = Recorder({tune.label(first): 20.0, tune.label(fast): 10.0})
+    recorder = Recorder({rt.label(first): 20.0, rt.label(fast): 10.0})
     monkeypatch.setattr(module, "run_measuring", recorder)
     code = tune.main([spec(tmp_path, (4, 64), (2, 64)), "--space", "table", "--seeds", "3", "--repeats", "7",
                       "--json", str(tmp_path / "t.json"), "--chart", "", "--no-cache", "--no-progress"], sub=module)
@@ -195,7 +195,7 @@ def test_seeds_timing_and_flush_are_what_an_offline_tune_adds(sub, tmp_path, mon
 def test_a_second_run_reads_the_cache_and_measures_nothing(sub, tmp_path, monkeypatch, capsys):
     first, fast = persistent(16), persistent(8)
     module = sub([racing(4, 64, first, fast), CATCH_ALL], [])
-    monkeypatch.setattr(module, "run_measuring", Recorder({tune.label(first): 20.0, tune.label(fast): 10.0}))
+    monkeypatch.setattr(module, "run_measuring", Recorder({rt.label(first): 20.0, rt.label(fast): 10.0}))
     args = [spec(tmp_path, (4, 64)), "--space", "table", "--cache", str(tmp_path / "cache.jsonl"),
             "--json", str(tmp_path / "t.json"), "--chart", "", "--no-progress"]
     assert tune.main(args, sub=module) == tune.EXIT_OK

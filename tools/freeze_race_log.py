@@ -34,7 +34,6 @@ Exit codes: 0 at least one line frozen (or already in the table); 2 no race line
 could be frozen, or a bad argument.
 """
 import argparse
-import json
 import math
 import os
 import re
@@ -54,10 +53,6 @@ TIMED_RE = re.compile(r"\[(?P<index>\d+)\] (?P<median>-|\d+(?:\.\d+)?)/(?P<mean>
 FAILED_RE = re.compile(r"\[(?P<index>\d+)\] x (?P<why>.+)")
 CHOICE_RE = re.compile(r"(?:\[(?P<index>\d+)\]|(?P<catch_all>catch-all))(?:; (?P<note>.*))?")
 NOT_MEASURED_WHYS = ("not reached", "not measured", "cut")  # a candidate the race did not try to the end
-
-
-class FreezeError(Exception):
-    """A log or submission that cannot be frozen (bad argument, unreadable file)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,10 +172,6 @@ def fastest_portable(candidates, cells, portable):
     return candidates[min(timed)[1]] if timed else None
 
 
-def label(candidate):
-    return f'{candidate["route"]} {json.dumps(candidate["params"], separators=(",", ":"))}'
-
-
 def freeze(tables, found, row_hash, portable):
     """(new tables, report lines) for the parsed row lines `found` ([(line number, parsed)]):
     every line checked against `tables` as given (the row it raced must be there), the last
@@ -229,7 +220,7 @@ def freeze(tables, found, row_hash, portable):
         if cell is not None and parsed["choice"] != 1 and parsed["cells"][0]["why"] is None:
             timing += f" vs [1] {_time(parsed['cells'][0])}"
         timed = sum(c["why"] is None for c in parsed["cells"])
-        text = (f"{where}: frozen {how} {label(chosen)}{timing} ({timed} of {len(candidates)} timed) "
+        text = (f"{where}: frozen {how} {route_tables.label(chosen)}{timing} ({timed} of {len(candidates)} timed) "
                 f"into row {index + 1}")
         if after == "none":
             text += "; NOTE: no portable row follows it (nothing portable was timed)"

@@ -206,8 +206,9 @@ def ptx_mma_in_line(line):
     return f"{op} {m.group(2)} {a}.{b}"
 
 
-def matrix_instructions(text, parse_line):
-    """Counts of matrix-instruction kinds in the hot loop and in the whole kernel."""
+def counts_by_loop(text, parse_line):
+    """(counts of the kinds parse_line finds in the whole text, {loop header: their counts inside
+    that loop}), in one pass over the lines."""
     lines = text.splitlines()
     total = Counter()
     per_loop = defaultdict(Counter)
@@ -218,6 +219,12 @@ def matrix_instructions(text, parse_line):
         total[kind] += 1
         if header is not None:
             per_loop[header][kind] += 1
+    return total, per_loop
+
+
+def matrix_instructions(text, parse_line):
+    """Counts of matrix-instruction kinds in the hot loop and in the whole kernel."""
+    total, per_loop = counts_by_loop(text, parse_line)
     hot = max(per_loop, key=lambda h: sum(per_loop[h].values()), default=None)
     loop = dict(sorted(per_loop[hot].items())) if hot else {}
     return {
@@ -276,22 +283,12 @@ def load_bits(name):
     return None
 
 
-def loop_instructions(text, parse_line, header):
-    """Counts of the kinds parse_line finds inside the loop `header` (None: the whole text)."""
-    lines = text.splitlines()
-    counts = Counter()
-    for line, where in zip(lines, loop_headers(lines), strict=True):
-        kind = parse_line(line)
-        if kind is not None and (header is None or where == header):
-            counts[kind] += 1
-    return dict(sorted(counts.items()))
-
-
 def global_loads(text, parse_line, header):
-    """Loads from global memory in the hot loop and in the whole kernel, with the widest
+    """Loads from global memory in the hot loop `header` and in the whole kernel, with the widest
     per-lane width (bits) of each."""
-    loop = loop_instructions(text, parse_line, header) if header else {}
-    total = loop_instructions(text, parse_line, None)
+    counts, per_loop = counts_by_loop(text, parse_line)
+    loop = dict(sorted(per_loop[header].items())) if header else {}
+    total = dict(sorted(counts.items()))
 
     def widest(counts):
         return max((load_bits(k) or 0 for k in counts), default=0) or None
@@ -372,10 +369,6 @@ def cuda_tool_path(name):
     raise FileNotFoundError(f"no {name}: neither {bundled} nor one on PATH")
 
 
-def ptxas_path():
-    return cuda_tool_path("ptxas")
-
-
 # SASS opcodes whose first address kernel_facts records: the first TMA issue, and the first float
 # max (the Hopper kernel's q amax), whose order says whether the issue waits for q (NOTES h33).
 SASS_FIRST_OPCODES = ("UTMALDG", "FMNMX")
@@ -408,7 +401,7 @@ def run_ptxas(ptx):
         src = os.path.join(tmp, "kernel.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        proc = subprocess.run([ptxas_path(), "-v", "--gpu-name", gpu_name, src, "-o", os.devnull],
+        proc = subprocess.run([cuda_tool_path("ptxas"), "-v", "--gpu-name", gpu_name, src, "-o", os.devnull],
                               capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:

@@ -41,6 +41,13 @@ def table_row(route, params, max_batch=None, max_kv_len=None, candidates=None):
     return row
 
 
+def label(candidate):
+    """A configuration ({"route", "params"}) as submission.route_label names it: '<route> <params
+    as compact JSON>' (the tools read the file as text, without importing it; a test holds the two
+    equal)."""
+    return f'{candidate["route"]} {json.dumps(candidate["params"], separators=(",", ":"))}'
+
+
 def row_candidates(row):
     """The row's race entrants in order, its own route and params first (as
     submission.race_candidates lists them)."""
@@ -79,8 +86,7 @@ def place_row(rows, index, row, portable, follower=None):
                 rows[after] = new
             else:
                 rows.insert(after, new)
-            params = json.dumps(follower["params"], separators=(",", ":"))
-            return rows, f"portable row after it: {follower['route']} {params}"
+            return rows, f"portable row after it: {label(follower)}"
         return rows, "portable row after it kept" if follows else "none"
     removed = 0
     if row["params"].get("page_size", 1) == 1:
@@ -145,24 +151,6 @@ def read_tables_file(path):
             return read_tables(f.read())
     except OSError as exc:
         raise RouteTableError(f"cannot read {path}: {exc}") from exc
-
-
-def route_info_of(text):
-    """The submission's ROUTE_INFO read from its source text as a literal ({} when it is not one):
-    enough to know which routes are portable without importing torch or the kernels."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return {}
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id == "ROUTE_INFO"):
-            try:
-                info = ast.literal_eval(node.value)
-            except ValueError:
-                return {}
-            return info if isinstance(info, dict) else {}
-    return {}
 
 
 # ---------------------------------------------------------------------------------------------
