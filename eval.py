@@ -33,13 +33,26 @@ Two ways to run it:
    outside both runs' spread. --chart draws the times (matplotlib). Cases run in this process,
    or with --spawn in one spawned worker as in runner mode. Exit codes: 0 all pass, 112 a case
    failed, 2 bad arguments (also --device cuda where torch sees no GPU).
+
+Serving cases. A spec line with any of the fields heads, page, kv, varlen, causal, zeros (e.g.
+`batchsize: 128; qseqlen: 2; heads: 128; page: 64; kvseqlen: 4096; varlen: 1; causal: 1; kv: fp8;
+seed: 5`) is a serving case of the FlashMLA-shaped API: reference.generate_serving_input makes
+its input, the submission's get_mla_decode_metadata() is called once per case and its plan
+reused by every mla_decode_with_kvcache call of the case, and the output (out, lse) is always
+checked strictly (reference.check_serving's bounds, with or without --strict). Benchmark and
+leaderboard modes time it like a leaderboard case (synchronize, flush, events around one call)
+on one input (no per-repeat recheck). Human mode prints serving cases in their own table (fields,
+times, GB/s of cache bytes read, errors against bounds); JSON rows carry "kind": "serving".
+Runner mode takes them too. specs/serving.txt (GPU) and specs/serving_cpu.txt hold such cases.
 """
 import argparse
 import base64
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
+import statistics
 import sys
 import textwrap
 import time
@@ -124,8 +137,10 @@ def load_submission(path: str, module_name: str = "submission"):
         else:
             sys.modules.pop(module_name, None)
         raise
-    if not callable(getattr(module, "custom_kernel", None)):
-        raise ImportError(f"{path} defines no custom_kernel(data)")
+    if not (callable(getattr(module, "custom_kernel", None))
+            or callable(getattr(module, "mla_decode_with_kvcache", None))):
+        raise ImportError(f"{path} defines no custom_kernel(data) (nor the serving API's "
+                          "mla_decode_with_kvcache)")
     _LOADED[key] = module
     return module
 
@@ -183,10 +198,12 @@ def _input_args(args: dict, device=None) -> dict:
 
 def run_test_case(sub, args: dict, device=None):
     """generate_input, clone, custom_kernel(clone), synchronize, check against the original.
-    Returns (ok, message)."""
+    Returns (ok, message). A serving case goes to run_serving_test_case."""
     import reference
     import utils
 
+    if is_serving_case(args):
+        return run_serving_test_case(sub, args, device)
     data = reference.generate_input(**_input_args(args, device))
     work = reference.clone_data(data)
     output = sub.custom_kernel(work)
@@ -199,10 +216,15 @@ def run_benchmark_case(sub, args: dict, *, recheck: bool, max_repeats: int, max_
                        flusher=None):
     """One correctness check, then timed repeats of ONE custom_kernel(data) call each
     (synchronize + L2 flush before each, utils.time_repeats). With ``recheck`` every repeat uses
-    a new input (seed += 13) and is checked. Returns utils.Stats, or an error string."""
+    a new input (seed += 13) and is checked. Returns utils.Stats, or an error string. A serving
+    case goes to run_serving_benchmark_case (``recheck`` and ``initial_check`` do not apply)."""
     import reference
     import utils
 
+    if is_serving_case(args):
+        return run_serving_benchmark_case(sub, args, max_repeats=max_repeats,
+                                          max_time_ns=max_time_ns, flush_mode=flush_mode,
+                                          device=device, flusher=flusher)
     args = _input_args(args, device)
     state = {"data": reference.generate_input(**args)}
     dev = state["data"][0].device
@@ -234,23 +256,205 @@ def run_benchmark_case(sub, args: dict, *, recheck: bool, max_repeats: int, max_
 
 
 def run_profile_case(sub, args: dict, device=None) -> str:
-    """torch.profiler table of one custom_kernel call (after one warm-up call)."""
-    import torch
+    """torch.profiler table of one custom_kernel call (after one warm-up call); of one
+    mla_decode_with_kvcache call for a serving case."""
     import reference
+
+    if is_serving_case(args):
+        inputs, _, plan = serving_prepare(sub, args, device, reference_too=False)
+        return profile_table(lambda: serving_call(sub, inputs, plan), inputs.q.device)
+    data = reference.generate_input(**_input_args(args, device))
+    return profile_table(lambda: sub.custom_kernel(data), data[0].device)
+
+
+def profile_table(fn, dev) -> str:
+    """torch.profiler table (top 20 by self time) of one ``fn()`` after one warm-up call."""
+    import torch
     import utils
 
-    data = reference.generate_input(**_input_args(args, device))
-    dev = data[0].device
-    sub.custom_kernel(data)
+    fn()
     utils.synchronize(dev)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        sub.custom_kernel(data)
+        fn()
         utils.synchronize(dev)
     sort_by = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=sort_by, row_limit=20)
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving cases: the FlashMLA-shaped API (get_mla_decode_metadata, mla_decode_with_kvcache)
+
+SERVING_FIELDS = ("heads", "page", "kv", "varlen", "causal", "zeros")  # any of them: serving
+SERVING_REQUIRED = ("batchsize", "kvseqlen", "seed")
+SERVING_DEFAULTS = {"qseqlen": 1, "heads": 16, "page": 64, "varlen": 0, "causal": 0,
+                    "kv": "bf16", "zeros": 0}
+SERVING_API = ("get_mla_decode_metadata", "mla_decode_with_kvcache")
+
+
+def is_serving_case(args: dict) -> bool:
+    """A spec line with any serving field (heads, page, kv, varlen, causal, zeros) is a serving
+    case; any other is a leaderboard case."""
+    return any(field in args for field in SERVING_FIELDS)
+
+
+def serving_input_args(args: dict) -> dict:
+    """generate_serving_input's arguments of a serving case: batchsize, kvseqlen and seed given;
+    qseqlen 1, heads 16, page 64, varlen 0, causal 0, kv bf16, zeros 0 unless given. A ValueError
+    names an unknown, missing or bad field (reference.check_serving_args); no tensor is made."""
+    import reference
+
+    known = set(SERVING_FIELDS) | set(SERVING_REQUIRED) | set(SERVING_DEFAULTS)
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise ValueError(f"unknown field {', '.join(unknown)} in a serving case (its fields: "
+                         f"{', '.join(sorted(known))})")
+    missing = [field for field in SERVING_REQUIRED if field not in args]
+    if missing:
+        raise ValueError(f"a serving case needs {', '.join(missing)}")
+    return reference.check_serving_args(**{**SERVING_DEFAULTS, **args})
+
+
+def check_serving_cases(cases) -> None:
+    """Refuse a spec file whose serving lines generate_serving_input cannot make (ValueError
+    naming the line and the field), before anything runs."""
+    for case in cases:
+        if is_serving_case(case.args):
+            try:
+                serving_input_args(case.args)
+            except ValueError as exc:
+                raise ValueError(f"line {case.spec!r}: {exc}") from None
+
+
+def serving_api(sub):
+    """The submission's (get_mla_decode_metadata, mla_decode_with_kvcache), or an AttributeError
+    naming what it lacks."""
+    missing = [name for name in SERVING_API if not callable(getattr(sub, name, None))]
+    if missing:
+        raise AttributeError(f"the submission defines no {' / '.join(missing)} (the serving API)")
+    return tuple(getattr(sub, name) for name in SERVING_API)
+
+
+def serving_call(sub, inputs, plan):
+    """One mla_decode_with_kvcache call on ``inputs`` with ``plan``, as an engine makes it (the
+    scale, causality and k_scale by keyword); returns what the submission returns."""
+    return sub.mla_decode_with_kvcache(
+        inputs.q, inputs.k_cache, inputs.block_table, inputs.cache_seqlens, inputs.head_dim_v,
+        plan, softmax_scale=inputs.softmax_scale, causal=inputs.causal, k_scale=inputs.k_scale)
+
+
+def serving_prepare(sub, args: dict, device=None, *, reference_too: bool = True):
+    """(inputs, expected, plan) of a serving case: the input made, its float64 reference and
+    bounds computed before the submission runs (a kernel that writes into its inputs cannot move
+    the truth; None without ``reference_too``), then get_mla_decode_metadata() called once: its
+    plan serves every call of the case."""
+    import reference
+
+    inputs = reference.generate_serving_input(**serving_input_args(args), device=device)
+    expected = reference.serving_expected(inputs) if reference_too else None
+    get_metadata, _ = serving_api(sub)
+    plan, _ = get_metadata()
+    return inputs, expected, plan
+
+
+def serving_verdict(sub, inputs, expected, plan) -> dict:
+    """One call, synchronized, judged by reference.judge_serving (a return value that is not an
+    (out, lse) pair fails there: out is judged as the whole value, lse as missing)."""
+    import reference
+    import utils
+
+    result = serving_call(sub, inputs, plan)
+    utils.synchronize(inputs.q.device)
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        out, lse = result
+    else:
+        out, lse = result, None
+    return reference.judge_serving(expected, out, lse)
+
+
+def run_serving_test_case(sub, args: dict, device=None):
+    """A serving case checked strictly: (ok, message with the errors and their bounds)."""
+    import reference
+
+    inputs, expected, plan = serving_prepare(sub, args, device)
+    verdict = serving_verdict(sub, inputs, expected, plan)
+    return verdict["ok"], reference.serving_message(verdict)
+
+
+def time_serving(sub, inputs, plan, flusher, *, max_repeats: int, max_time_ns: float,
+                 warm_up: bool = False):
+    """Durations (ns) of the runner's timed loop (utils.time_repeats: synchronize, flush, events
+    around ONE call each, its stop rule) around mla_decode_with_kvcache with the case's plan."""
+    import utils
+
+    durations, _ = utils.time_repeats(lambda: serving_call(sub, inputs, plan), inputs.q.device,
+                                      flusher, max_repeats=max_repeats, max_time_ns=max_time_ns,
+                                      warm_up=warm_up)
+    return durations
+
+
+def run_serving_benchmark_case(sub, args: dict, *, max_repeats: int, max_time_ns: float,
+                               flush_mode: str = "default", device=None, flusher=None):
+    """A serving case checked strictly once, then timed on the same input and plan. Returns
+    utils.Stats, or the check's message when it fails."""
+    import reference
+    import utils
+
+    inputs, expected, plan = serving_prepare(sub, args, device)
+    verdict = serving_verdict(sub, inputs, expected, plan)
+    if not verdict["ok"]:
+        return reference.serving_message(verdict)
+    del expected
+    if flusher is None:
+        flusher = utils.L2Flusher(flush_mode, inputs.q.device)
+    return utils.calculate_stats(time_serving(sub, inputs, plan, flusher, max_repeats=max_repeats,
+                                              max_time_ns=max_time_ns))
+
+
+def serving_human_case(sub, args: dict, opts: dict) -> dict:
+    """One serving case in human mode: the strict check (always), then in benchmark and
+    leaderboard modes the timings (mean, median...) and the bytes of cache the case reads."""
+    import reference
+    import utils
+
+    row = {"kind": "serving", "case": _label(args), "label": _short_label(args),
+           "spec": opts.get("spec", ""), "args": dict(args), "fields": None, "ok": False,
+           "loose_ok": None, "problems": [], "message": "", "route": None, "route_short": None,
+           "kv_format": None, "rel_l2": None, "rel_l2_bound": None,
+           "rel_l2_bound_declared": True, "lse_err": None, "lse_bound": None,
+           "lse_fraction": None, "mismatch": None, "stats": None, "ref_stats": None,
+           "bytes": None, "tokens": None, "lengths": None}
+    try:
+        row["fields"] = serving_input_args(args)
+        row["kv_format"] = row["fields"]["kv"]
+        inputs, expected, plan = serving_prepare(sub, args, opts.get("device"))
+        dev = inputs.q.device
+        row.update(tokens=inputs.attended_tokens, bytes=inputs.cache_bytes,
+                   lengths=list(inputs.lengths))
+        verdict = serving_verdict(sub, inputs, expected, plan)
+        del expected
+        row.update(rel_l2=verdict["out_rel_l2"], rel_l2_bound=verdict["out_bound"],
+                   lse_err=verdict["lse_err"], lse_bound=verdict["lse_bound"],
+                   lse_fraction=verdict["lse_fraction"], zero_rows=verdict["zero_rows"],
+                   fp8_out_reach=verdict["fp8_out_reach"], fp8_lse_reach=verdict["fp8_lse_reach"],
+                   message=reference.serving_message(verdict), ok=verdict["ok"])
+        row["problems"] += verdict["problems"]
+        if opts["mode"] in ("benchmark", "leaderboard") and row["ok"] and opts.get("timed", True):
+            flusher = utils.L2Flusher(opts.get("l2_flush", "default"), dev)
+            durations = time_serving(sub, inputs, plan, flusher, max_repeats=opts["max_repeats"],
+                                     max_time_ns=opts["max_time_ns"])
+            row["stats"] = dict(dataclasses.asdict(utils.calculate_stats(durations)),
+                                median=statistics.median(durations))
+            del flusher
+        if opts["mode"] == "profile":
+            row["report"] = profile_table(lambda: serving_call(sub, inputs, plan), dev)
+    except Exception:
+        row["ok"] = False
+        row["problems"].append("exception: " + traceback.format_exc().strip().splitlines()[-1])
+        row["traceback"] = traceback.format_exc()
+    return row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,6 +662,7 @@ def popcorn_main(mode: str, spec_path: str, submission: str, fd: int, flush_mode
 
     try:
         cases = utils.read_spec_file(spec_path, utils.secret_seed_from_env())
+        check_serving_cases(cases)
     except (OSError, ValueError) as exc:
         print(f"eval.py: cannot read spec file {spec_path}: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
@@ -485,8 +690,20 @@ def _kv_text(args: dict) -> str:
     return str(args.get("kvseqlen"))
 
 
+def _serving_fields(args: dict) -> dict:
+    """A serving case's fields with the defaults filled in, unchecked (for names only)."""
+    return {**SERVING_DEFAULTS, **args}
+
+
 def _label(args: dict) -> str:
-    """The case's name in the JSON and in FAIL lines: shape and seed."""
+    """The case's name in the JSON and in FAIL lines: shape and seed (a serving case: all its
+    fields)."""
+    if is_serving_case(args):
+        f = _serving_fields(args)
+        return (f"b={f.get('batchsize')} s_q={f['qseqlen']} h_q={f['heads']} page={f['page']} "
+                f"s_k={f.get('kvseqlen')}" + (" varlen" if f["varlen"] else "")
+                + (" causal" if f["causal"] else "") + f" {f['kv']}"
+                + (f" zeros={f['zeros']}" if f["zeros"] else "") + f" seed={f.get('seed')}")
     parts = [f"bs={args.get('batchsize')} kv={_kv_text(args)}"]
     if args.get("qseqlen", 1) != 1:
         parts.append(f"q={args.get('qseqlen')}")
@@ -500,7 +717,14 @@ SHORT_LABEL_CHARS = 22
 
 def _short_label(args: dict) -> str:
     """The case's name in the table: its shape, at most SHORT_LABEL_CHARS characters (a long list
-    of ragged lengths is cut, with its count)."""
+    of ragged lengths is cut, with its count). A serving case: its fields, compact (b128 q2 h128
+    p64 k4096 var causal fp8 z2), for the progress bar, the compare table and the chart."""
+    if is_serving_case(args):
+        f = _serving_fields(args)
+        return (f"b{f.get('batchsize')} q{f['qseqlen']} h{f['heads']} p{f['page']} "
+                f"k{f.get('kvseqlen')}" + (" var" if f["varlen"] else "")
+                + (" causal" if f["causal"] else "") + f" {f['kv']}"
+                + (f" z{f['zeros']}" if f["zeros"] else ""))
     kv = _kv_text(args)
     text = f"bs={args.get('batchsize')} kv={kv}"
     if args.get("qseqlen", 1) != 1:
@@ -513,7 +737,11 @@ def _short_label(args: dict) -> str:
 
 
 def _shape_key(args: dict) -> tuple:
-    """What identifies a case across runs: its shape, not its seed (a secret seed changes it)."""
+    """What identifies a case across runs: its shape, not its seed (a secret seed changes it); a
+    serving case's shape is all its fields but the seed."""
+    if is_serving_case(args):
+        return ("serving",) + tuple(sorted((k, str(v)) for k, v in _serving_fields(args).items()
+                                           if k != "seed"))
     lens = args.get("kv_lens")
     return (args.get("batchsize"), args.get("qseqlen", 1),
             tuple(lens) if lens is not None else args.get("kvseqlen"))
@@ -580,10 +808,13 @@ def _time_fn(fn, dev, flusher, max_repeats, max_time_ns):
 
 
 def human_case(sub, args: dict, opts: dict) -> dict:
-    """One case in human mode: the runner's verdict plus strict checks, timings, bandwidth."""
+    """One case in human mode: the runner's verdict plus strict checks, timings, bandwidth. A
+    serving case goes to serving_human_case."""
     import reference
     import utils
 
+    if is_serving_case(args):
+        return serving_human_case(sub, args, opts)
     mode = opts["mode"]
     row = {"case": _label(args), "label": _short_label(args), "spec": opts.get("spec", ""),
            "args": dict(args), "ok": True, "loose_ok": None, "problems": [], "message": "",
@@ -674,6 +905,25 @@ def _mismatch_text(r) -> str:
     return "-" if r.get("mismatch") is None else f"{100 * r['mismatch']:.2f}%"
 
 
+
+def _aligned(head, lines):
+    """A text table: the header, a rule, then the lines, each column as wide as its widest cell."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
+    return (["  ".join(str(x).ljust(w) for x, w in zip(head, widths, strict=True)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+            + ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip() for line in lines])
+
+
+def _gbs_text(r, st, copy_bw):
+    """GB/s of a timed row's bytes at its mean time ("-" without either), and the share of the
+    device's copy bandwidth when known."""
+    if not (st and r.get("bytes") and st["mean"] > 0):
+        return "-"
+    g = r["bytes"] / st["mean"]
+    text = f"{g:.0f}" if g >= 10 else f"{g:.2f}"
+    return text + (f" {100 * g / copy_bw:.0f}%" if copy_bw else "")
+
+
 def format_table(rows, mode: str, copy_bw=None, *, wide: bool = False, timed: bool = True) -> str:
     """The human-mode table as text: at most about 115 columns with short route labels; ``wide``
     adds the routes' full labels (parameters) and the best times. ``timed``: benchmark columns (benchmark and
@@ -697,21 +947,11 @@ def format_table(rows, mode: str, copy_bw=None, *, wide: bool = False, timed: bo
             best = _fmt_us(st["best"]) if st else "-"
             ref_us = _fmt_us(ref["mean"]) if ref else "-"
             speed = f"{ref['mean'] / st['mean']:.2f}x" if st and ref and st["mean"] > 0 else "-"
-            gbs = "-"
-            if st and r.get("bytes") and st["mean"] > 0:
-                g = r["bytes"] / st["mean"]
-                gbs = f"{g:.0f}" if g >= 10 else f"{g:.2f}"
-                if copy_bw:
-                    gbs += f" {100 * g / copy_bw:.0f}%"
             lines.append([label, route, status, mean] + ([best] if wide else [])
-                         + [ref_us, speed, gbs, _mismatch_text(r), _rel_text(r)])
+                         + [ref_us, speed, _gbs_text(r, st, copy_bw), _mismatch_text(r), _rel_text(r)])
         else:
             lines.append([label, route, status, _mismatch_text(r), _rel_text(r)])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
-    out = ["  ".join(str(x).ljust(w) for x, w in zip(head, widths, strict=True)).rstrip()]
-    out.append("  ".join("-" * w for w in widths))
-    for line in lines:
-        out.append("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
+    out = _aligned(head, lines)
     legend = ("mismatch: share of elements outside the runner's tolerance (it fails above 5%); "
               "relL2: error against float64 attention, %bound: as a share of the route's bound")
     out.extend(textwrap.wrap(legend, REPORT_COLUMNS))
@@ -729,6 +969,68 @@ def format_table(rows, mode: str, copy_bw=None, *, wide: bool = False, timed: bo
            for r in rows):
         out.append(f"* route declares no rel_l2_bound in ROUTE_INFO: default "
                    f"{DEFAULT_REL_L2_BOUND} used")
+    return "\n".join(out)
+
+
+def _serving_error_text(value, bound, fraction, spec: str) -> str:
+    """An error and its share of its bound ("0.0017 17%"), or "-" when not measured."""
+    if value is None:
+        return "-"
+    text = format(value, spec)
+    if fraction is not None and math.isfinite(fraction):
+        text += f" {100 * fraction:.0f}%"
+    return text
+
+
+def format_serving_table(rows, mode: str, copy_bw=None, *, wide: bool = False,
+                         timed: bool = True) -> str:
+    """The serving cases' table: each case's fields (b, s_q, h_q, page, s_k, varlen, causal, kv,
+    zeros), pass/FAIL, in timed modes the mean +- standard error (``wide``: and the median) and
+    the GB/s of cache bytes read, then out's rel. L2 and lse's max error with their share of
+    the bound (``wide``: the bounds themselves); the FAIL lines after it."""
+    timed = timed and mode in ("benchmark", "leaderboard")
+    head = ["b", "s_q", "h_q", "page", "s_k", "var", "causal", "kv", "zeros", "ok"]
+    if timed:
+        head += ["mean+-err us"] + (["median"] if wide else []) + ["GB/s %copy"]
+    head += ["out relL2 %bound"] + (["out bound"] if wide else [])
+    head += ["lse err %bound"] + (["lse bound"] if wide else [])
+    lines = []
+    for r in rows:
+        f = r.get("fields") or _serving_fields(r.get("args") or {})
+        line = [f.get("batchsize"), f.get("qseqlen"), f.get("heads"), f.get("page"),
+                f.get("kvseqlen"), int(bool(f.get("varlen"))), int(bool(f.get("causal"))),
+                f.get("kv"), f.get("zeros"), "pass" if r["ok"] else "FAIL"]
+        if timed:
+            st = r.get("stats")
+            line.append(f"{st['mean'] / 1e3:.1f}+-{st['err'] / 1e3:.1f}" if st else "-")
+            if wide:
+                line.append(f"{st['median'] / 1e3:.1f}" if st and "median" in st else "-")
+            line.append(_gbs_text(r, st, copy_bw))
+        line.append(_serving_error_text(r.get("rel_l2"), r.get("rel_l2_bound"),
+                                        fraction_of_bound(r), ".4f"))
+        if wide:
+            line.append("-" if r.get("rel_l2_bound") is None else f"{r['rel_l2_bound']:.4f}")
+        line.append(_serving_error_text(r.get("lse_err"), r.get("lse_bound"),
+                                        r.get("lse_fraction"), ".1e"))
+        if wide:
+            line.append("-" if r.get("lse_bound") is None else f"{r['lse_bound']:.1e}")
+        lines.append([str(x) for x in line])
+    out = ["serving cases (mla_decode_with_kvcache):"] + _aligned(head, lines)
+    legend = ("out relL2: out's error against float64 attention over the rows that attend tokens; "
+              "lse err: the largest |lse error| there; %bound: as a share of the bound "
+              "(reference.check_serving: bf16 cache 1% and 1e-3 + 1e-4 |lse|, fp8 cache 1.25 x "
+              "what fp8 rounding of q alone costs + 0.02 and + 0.01); rows that attend nothing "
+              "must be exactly 0 with lse +inf")
+    out.extend(textwrap.wrap(legend, REPORT_COLUMNS))
+    if timed:
+        out.extend(textwrap.wrap(
+            "times in us: mean +- standard error of the timed calls (--wide: and the median), "
+            "one plan per case; GB/s: cache bytes read (1152 per token bf16, 576 fp8, over every "
+            "request's tokens) over the mean, %copy: as a share of the measured copy bandwidth",
+            REPORT_COLUMNS))
+    for r in rows:
+        if r["problems"]:
+            out.append(f"FAIL {r['case']}: " + "; ".join(r["problems"]))
     return "\n".join(out)
 
 
@@ -829,13 +1131,9 @@ def format_compare(entries, earlier: dict, path: str) -> str:
                       f"{e['ratio']:.3f}x" if e.get("ratio") else "-",
                       {"faster": "yes: faster", "slower": "yes: SLOWER"}.get(e["verdict"],
                                                                           e["verdict"])])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
     out = [f"compared with {path} ({earlier.get('device_name', '?')}, "
            f"flush {earlier.get('l2_flush', '?')}): mean +- standard deviation of single calls"]
-    out.append("  ".join(str(x).ljust(w) for x, w in zip(head, widths, strict=True)).rstrip())
-    out.append("  ".join("-" * w for w in widths))
-    out += ["  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
-            for line in lines]
+    out += _aligned(head, lines)
     ratios = [e["ratio"] for e in entries if e.get("ratio")]
     if ratios:
         import utils
@@ -913,6 +1211,8 @@ def human_rows(executor, cases, submission: str, case_opts: dict) -> list:
             res = {"case": _label(case.args), "label": _short_label(case.args),
                    "spec": case.spec, "args": dict(case.args), "ok": False,
                    "problems": [_one_line(res.get("message", "worker failed"))]}
+            if is_serving_case(case.args):
+                res["kind"] = "serving"
         rows.append(res)
         if bar is not None:
             bar.update(1)
@@ -1014,6 +1314,7 @@ def human_main(opts) -> int:
         return EXIT_BAD_ARGS
     try:
         cases = utils.read_spec_file(spec_path, utils.secret_seed_from_env())
+        check_serving_cases(cases)
     except (OSError, ValueError) as exc:
         print(f"eval.py: cannot read spec file {spec_path}: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
@@ -1035,6 +1336,7 @@ def human_main(opts) -> int:
           f" | torch {torch.__version__} | triton {triton.__version__}"
           f" | aiter: {'yes' if reference.HAVE_AITER else 'no'}"
           f" | {'strict' if opts.strict else 'loose (runner) check only'}"
+          f"{' (serving cases: always strict)' if any(is_serving_case(c.args) for c in cases) else ''}"
           f"{' | cases in one spawned worker' if opts.spawn else ''}")
     print(f"submission: {submission}")
     if not on_gpu:
@@ -1078,7 +1380,12 @@ def human_main(opts) -> int:
                 if copy_bw:
                     r["fraction_of_copy_bw"] = r["gbs"] / copy_bw
         r["fraction_of_bound"] = fraction_of_bound(r)
-    print(format_table(rows, opts.mode, copy_bw, wide=opts.wide, timed=timed))
+    serving_rows = [r for r in rows if r.get("kind") == "serving"]
+    board_rows = [r for r in rows if r.get("kind") != "serving"]
+    if board_rows or not serving_rows:
+        print(format_table(board_rows, opts.mode, copy_bw, wide=opts.wide, timed=timed))
+    if serving_rows:
+        print(format_serving_table(serving_rows, opts.mode, copy_bw, wide=opts.wide, timed=timed))
     passed = all(r["ok"] for r in rows) and len(rows) == len(cases)
     summary = {}
     if timed:

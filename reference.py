@@ -11,9 +11,15 @@
   float32 softmax).
 - ``check_implementation``: the runner's check (rtol = atol = 0.1 plus the 5% MLA rule).
 - ``attention_float64``, ``rel_l2_error``, ``mismatch_ratio``: the strict accuracy tools.
+- Serving (the FlashMLA-shaped ``mla_decode_with_kvcache``, not the leaderboard's):
+  ``generate_serving_input`` (a paged cache with NaN in every slot no request attends, garbage
+  block ids past each row's blocks), ``mla_decode_paged_float64`` (its exact attention and lse),
+  ``serving_out_bound`` / ``serving_lse_bound`` and ``check_serving`` (the strict bounds).
 """
+import dataclasses
 import math
 import operator
+import random
 import sys
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -543,3 +549,478 @@ def check_implementation(data: input_t, output: output_t) -> Tuple[bool, str]:
     Returns (ok, message); the message states the mismatch ratio and max abs error."""
     expected = ref_kernel(data)
     return compare_outputs(output, expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving: the FlashMLA-shaped API (paged cache, any head count, causal multi-token decode)
+#
+# ``generate_serving_input`` makes the inputs an engine hands ``mla_decode_with_kvcache``,
+# ``mla_decode_paged_float64`` is their exact attention and ``check_serving`` applies the strict
+# bounds below. Nothing here is the leaderboard's: its runner knows only ``generate_input``.
+
+SERVING_MAX_QSEQLEN = 8
+SERVING_MAX_HEADS = 128
+SERVING_MAX_PAGE = 128
+SERVING_KV_FORMATS = ("bf16", "fp8")
+SERVING_KV_BYTES_PER_TOKEN = {"bf16": QK_HEAD_DIM * 2, "fp8": QK_HEAD_DIM}  # 1152 and 576
+# block-table entries past a row's used blocks: garbage a kernel must never follow
+SERVING_GARBAGE_BLOCKS = (-1, 2147480000)
+
+# The strict bounds. bf16 cache: the kernel's own rounding only (bf16 P and output).
+SERVING_OUT_BOUND_BF16 = 0.01  # rel L2 of out over the attended rows
+SERVING_LSE_ATOL_BF16 = 1e-3  # |lse error| <= atol + rtol * |lse| on every attended row
+SERVING_LSE_RTOL_BF16 = 1e-4
+# fp8 cache: the kernel rounds q to fp8 (a scale per program of up to 16 (token, head) rows) and
+# keeps P at f16. The bound is the race's rule in submission.py (RACE_BOUND_FACTOR,
+# RACE_BOUND_FLOOR, RACE_ERROR_CEILING, held equal by a test): FACTOR x what rounding q to fp8
+# with one scale per request alone costs on the same data, plus a floor; out's bound is capped
+# at the ceiling so that zeros (rel L2 1.0) fail whatever the data.
+SERVING_FP8_FACTOR = 1.25
+SERVING_FP8_OUT_FLOOR = 0.02
+SERVING_FP8_OUT_CEILING = 0.5
+SERVING_FP8_LSE_FLOOR = 1e-2
+
+
+@dataclasses.dataclass
+class ServingInput:
+    """One serving case: the API's arguments (q, k_cache, k_scale, block_table, cache_seqlens,
+    head_dim_v, softmax_scale, causal) and what made them (the generator's arguments, and
+    ``lengths``, the KV length of each request as Python ints)."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    k_scale: Optional[torch.Tensor]
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    causal: bool
+    softmax_scale: float
+    head_dim_v: int
+    kv: str
+    lengths: List[int]
+    batchsize: int
+    qseqlen: int
+    heads: int
+    page: int
+    kvseqlen: int
+    seed: int
+    varlen: bool
+    zeros: int
+
+    @property
+    def attended_tokens(self) -> int:
+        """Tokens a kernel must read: every token of every request (the last query token of a
+        causal request attends all of them)."""
+        return sum(self.lengths)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of cache a kernel must read: ``attended_tokens`` x 1152 (bf16) or 576 (fp8)."""
+        return self.attended_tokens * SERVING_KV_BYTES_PER_TOKEN[self.kv]
+
+
+def _flag(field: str, value) -> bool:
+    """A 0/1 (or bool) field as a bool, or a ValueError naming ``field``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{field} must be 0 or 1, got {value!r}")
+
+
+def _at_most(field: str, number: int, most: int) -> int:
+    if number > most:
+        raise ValueError(f"{field} must be <= {most}, got {number}")
+    return number
+
+
+def check_serving_args(batchsize, qseqlen, heads, page, kvseqlen, seed, *, varlen=False,
+                       causal=False, kv="bf16", zeros=0) -> dict:
+    """The arguments of ``generate_serving_input`` checked and normalised (ints, bools), without
+    making any tensor: a ValueError names the first bad field. batchsize >= 1; qseqlen 1..8;
+    heads 1..128; page a power of two 1..128; kvseqlen >= 1; seed an integer; varlen and causal
+    0/1; kv "bf16" or "fp8"; zeros 0..batchsize."""
+    batchsize = _whole("batchsize", batchsize, 1)
+    qseqlen = _at_most("qseqlen", _whole("qseqlen", qseqlen, 1), SERVING_MAX_QSEQLEN)
+    heads = _at_most("heads", _whole("heads", heads, 1), SERVING_MAX_HEADS)
+    page = _at_most("page", _whole("page", page, 1), SERVING_MAX_PAGE)
+    if page & (page - 1):
+        raise ValueError(f"page must be a power of two, got {page}")
+    kvseqlen = _whole("kvseqlen", kvseqlen, 1)
+    seed = _whole("seed", seed, None)
+    if kv not in SERVING_KV_FORMATS:
+        raise ValueError(f"kv must be one of {', '.join(SERVING_KV_FORMATS)}, got {kv!r}")
+    zeros = _at_most("zeros", _whole("zeros", zeros, 0), batchsize)
+    return {"batchsize": batchsize, "qseqlen": qseqlen, "heads": heads, "page": page,
+            "kvseqlen": kvseqlen, "seed": seed, "varlen": _flag("varlen", varlen),
+            "causal": _flag("causal", causal), "kv": kv, "zeros": zeros}
+
+
+def zero_rows(batchsize: int, zeros: int) -> List[int]:
+    """The ``zeros`` requests of a batch that get length 0 (padded graph rows), spread evenly over
+    the batch starting at request 0: 8 requests, 2 zeros -> [0, 4]."""
+    return [i * batchsize // zeros for i in range(zeros)]
+
+
+def serving_lengths(batchsize: int, qseqlen: int, kvseqlen: int, seed: int, *, varlen: bool,
+                    zeros: int) -> List[int]:
+    """Each request's KV length, as FlashMLA's own benchmark makes them: ``kvseqlen`` each, or
+    with ``varlen`` int(max(normal(kvseqlen, kvseqlen / 2), qseqlen)) from Python's generator
+    seeded with ``seed`` (the same on every machine); then the ``zero_rows`` get 0. Every request
+    draws its length, so a case with zeros has the lengths of the same case without them
+    elsewhere."""
+    if varlen:
+        rng = random.Random(seed)
+        lengths = [int(max(rng.normalvariate(kvseqlen, kvseqlen / 2), qseqlen))
+                   for _ in range(batchsize)]
+    else:
+        lengths = [kvseqlen] * batchsize
+    for row in zero_rows(batchsize, zeros):
+        lengths[row] = 0
+    return lengths
+
+
+def _block_layout(lengths: List[int], page: int, seed: int):
+    """(block table as a CPU int32 tensor, tokens filled in each block, number of blocks).
+
+    Request b gets ceil(len/page) blocks, taken in turn from a random permutation (a CPU torch
+    generator seeded with ``seed``) of all the blocks; there are used // 8 + 1 spare blocks no
+    request uses. The table is one column wider than the most blocks a request uses, and every
+    entry past a row's used blocks is garbage, -1 and 2147480000 alternating."""
+    used = [-(-n // page) for n in lengths]
+    total_used = sum(used)
+    num_blocks = total_used + total_used // 8 + 1
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int64)
+    width = max(used) + 1
+    parity = (torch.arange(len(lengths))[:, None] + torch.arange(width)[None, :]) % 2
+    table = torch.where(parity == 0, SERVING_GARBAGE_BLOCKS[0], SERVING_GARBAGE_BLOCKS[1])
+    fill = torch.zeros(num_blocks, dtype=torch.int64)
+    start = 0
+    for b, (n, nb) in enumerate(zip(lengths, used, strict=True)):
+        blocks = perm[start:start + nb]
+        start += nb
+        table[b, :nb] = blocks
+        if nb:
+            fill[blocks] = page
+            fill[blocks[-1]] = n - (nb - 1) * page
+    return table.to(torch.int32), fill, num_blocks
+
+
+def _unused_slots(fill: torch.Tensor, page: int, device) -> torch.Tensor:
+    """Boolean (num_blocks, page): the slots past each block's ``fill`` count, which no request
+    attends."""
+    slot = torch.arange(page, device=device)
+    return slot[None, :] >= fill.to(device)[:, None]
+
+
+def _nan_fill(k_cache: torch.Tensor, unused: torch.Tensor) -> None:
+    """Write NaN into the ``unused`` slots of ``k_cache`` (num_blocks, page, 1, 576); fp8
+    caches get their format's NaN byte (0x7f for e4m3fn, 0x80 for e4m3fnuz)."""
+    if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        nan_byte = torch.tensor(float("nan")).to(k_cache.dtype).view(torch.uint8).item()
+        k_cache.view(torch.uint8)[unused] = nan_byte
+    else:
+        k_cache[unused] = float("nan")
+
+
+def generate_serving_input(batchsize: int, qseqlen: int, heads: int, page: int, kvseqlen: int,
+                           seed: int, *, varlen: bool = False, causal: bool = False,
+                           kv: str = "bf16", zeros: int = 0,
+                           device: Union[None, str, torch.device] = None) -> ServingInput:
+    """A serving case for ``mla_decode_with_kvcache``: ``batchsize`` requests of ``qseqlen``
+    query tokens and ``heads`` query heads over a paged cache of ``page`` tokens per block.
+
+    - Lengths: ``serving_lengths`` (FlashMLA's benchmark: fixed, or normal around kvseqlen with
+      std kvseqlen / 2, at least qseqlen; ``zeros`` requests get 0).
+    - Values: a generator on the device seeded with ``seed`` draws q = randn (batch, qseqlen,
+      heads, 576) bf16, then the cache randn (num_blocks, page, 1, 576) bf16. q is randn, not
+      FlashMLA's randn / 10: the leaderboard's q and FlashMLA's dense decode test are randn, and
+      scores of std 1 make a peaked softmax that shows a wrong token or a wrong max; randn / 10
+      against a randn cache gives scores of std 0.1, an almost flat softmax. kv "fp8": the cache
+      quantised with ``quantize_fp8`` (per tensor, over the attended slots' values: the others
+      are zeroed first; ``k_scale`` its float32 scale of shape (1,)).
+    - Layout: ``_block_layout`` (blocks from a random permutation, spare blocks, garbage entries
+      past each row's used blocks). Every slot no request attends (spare blocks and the tail of
+      each request's last block) holds NaN, so that a kernel reading one shows it.
+
+    Lengths and layout come from CPU generators (the same on every device); values from the
+    device's (CPU and GPU streams differ). Arguments are checked first (``check_serving_args``).
+    """
+    args = check_serving_args(batchsize, qseqlen, heads, page, kvseqlen, seed, varlen=varlen,
+                              causal=causal, kv=kv, zeros=zeros)
+    device = get_device(device)
+    lengths = serving_lengths(args["batchsize"], args["qseqlen"], args["kvseqlen"], args["seed"],
+                              varlen=args["varlen"], zeros=args["zeros"])
+    table, fill, num_blocks = _block_layout(lengths, args["page"], args["seed"])
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args["seed"])
+    q = torch.randn((args["batchsize"], args["qseqlen"], args["heads"], QK_HEAD_DIM),
+                    dtype=torch.bfloat16, device=device, generator=gen)
+    k_cache = torch.randn((num_blocks, args["page"], NUM_KV_HEADS, QK_HEAD_DIM),
+                          dtype=torch.bfloat16, device=device, generator=gen)
+    unused = _unused_slots(fill, args["page"], device)
+    k_scale = None
+    if args["kv"] == "fp8":
+        k_cache[unused] = 0.0  # the scale is the attended values' own
+        k_cache, k_scale = quantize_fp8(k_cache, dtype=fp8_dtype(device))
+    _nan_fill(k_cache, unused)
+    return ServingInput(
+        q=q, k_cache=k_cache, k_scale=k_scale, block_table=table.to(device),
+        cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
+        causal=args["causal"], softmax_scale=SM_SCALE, head_dim_v=V_HEAD_DIM, kv=args["kv"],
+        lengths=lengths, batchsize=args["batchsize"], qseqlen=args["qseqlen"],
+        heads=args["heads"], page=args["page"], kvseqlen=args["kvseqlen"], seed=args["seed"],
+        varlen=args["varlen"], zeros=args["zeros"])
+
+
+def _scale_float64(k_scale, device) -> Optional[torch.Tensor]:
+    """``k_scale`` (None, a Python float or a one-element tensor) as a float64 scalar tensor."""
+    if k_scale is None:
+        return None
+    if isinstance(k_scale, torch.Tensor):
+        if k_scale.numel() != 1:
+            raise ValueError(f"k_scale must hold one element, got shape {tuple(k_scale.shape)}")
+        return k_scale.detach().reshape(()).to(device=device, dtype=torch.float64)
+    return torch.tensor(float(k_scale), dtype=torch.float64, device=device)
+
+
+def _request_keys(k_cache: torch.Tensor, block_table: torch.Tensor, b: int, length: int,
+                  scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """Request b's ``length`` tokens as float64 (length, 576), dequantised with ``scale`` when
+    given. Only the slots of its tokens are read: the table's first ceil(length / page) entries
+    of row b, and in the last block only the slots below length (never a spare or tail slot,
+    never a garbage entry)."""
+    page = k_cache.shape[1]
+    fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+    flat = (k_cache.view(torch.uint8) if fp8 else k_cache).reshape(-1, k_cache.shape[-1])
+    blocks = block_table[b, :-(-length // page)].to(torch.int64)
+    pos = torch.arange(length, device=k_cache.device)
+    rows = flat[blocks.to(k_cache.device)[pos // page] * page + pos % page]
+    keys = (rows.view(k_cache.dtype) if fp8 else rows).to(torch.float64)
+    return keys * scale if scale is not None else keys
+
+
+def mla_decode_paged_float64(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                             cache_seqlens: torch.Tensor, *, k_scale=None,
+                             softmax_scale: Optional[float] = None, causal: bool = False):
+    """Exact attention of the serving API in float64, on the inputs' device.
+
+    q (batch, s_q, h_q, 576) in any float dtype; k_cache (num_blocks, page, 1, 576) bf16, or fp8
+    with ``k_scale`` (value = fp8 * k_scale); token p of request b at k_cache[block_table[b, p //
+    page], p % page]. softmax_scale defaults to 1/sqrt(576). Causal: query token i attends the
+    first cache_seqlens[b] - s_q + i + 1 tokens; else all cache_seqlens[b].
+
+    Returns (out float64 (batch, s_q, h_q, 512), lse float64 (batch, h_q, s_q)): lse the natural
+    log of the sum of exp(softmax_scale * q.k) over the attended tokens. Rows that attend nothing
+    (length 0, or a causal query with no token): out 0, lse +inf. One request at a time (its keys
+    in float64, its scores), so memory stays at one request's size; only the slots of attended
+    tokens are read (``_request_keys``)."""
+    batch, s_q, heads, dim = q.shape
+    device = q.device
+    scale = SM_SCALE if softmax_scale is None else float(softmax_scale)
+    kscale = _scale_float64(k_scale, device)
+    out = torch.zeros(batch, s_q, heads, V_HEAD_DIM, dtype=torch.float64, device=device)
+    lse = torch.full((batch, heads, s_q), float("inf"), dtype=torch.float64, device=device)
+    lengths = [int(n) for n in cache_seqlens.tolist()]
+    for b, length in enumerate(lengths):
+        if length <= 0:
+            continue
+        keys = _request_keys(k_cache, block_table, b, length, kscale).to(device)
+        scores = (q[b].double().reshape(s_q * heads, dim) @ keys.T) * scale
+        if causal:
+            limit = (length - s_q + 1 + torch.arange(s_q, device=device)).clamp(0, length)
+            limit = limit.repeat_interleave(heads)
+            pos = torch.arange(length, device=device)
+            scores = scores.masked_fill(pos[None, :] >= limit[:, None], float("-inf"))
+        row_lse = torch.logsumexp(scores, dim=-1)
+        attended = torch.isfinite(row_lse)
+        probs = torch.exp(scores - torch.where(attended, row_lse, 0.0)[:, None])
+        out[b] = (probs @ keys[:, :V_HEAD_DIM]).reshape(s_q, heads, V_HEAD_DIM)
+        row_lse = torch.where(attended, row_lse, float("inf"))
+        lse[b] = row_lse.reshape(s_q, heads).T
+    return out, lse
+
+
+def attended_rows(lengths: Sequence[int], s_q: int, heads: int, causal: bool,
+                  device: Union[None, str, torch.device] = None) -> torch.Tensor:
+    """Boolean (batch, s_q, h_q): whether each (request, query token, head) row attends any token
+    (length > 0, and for a causal query token i, length - s_q + i + 1 > 0)."""
+    lens = torch.tensor(list(lengths), dtype=torch.int64, device=device)[:, None]
+    if causal:
+        limit = lens - s_q + 1 + torch.arange(s_q, device=device)[None, :]
+    else:
+        limit = lens.expand(-1, s_q)
+    return (limit > 0)[:, :, None].expand(-1, -1, heads)
+
+
+def round_q_fp8_per_request(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """q rounded to fp8 ``dtype`` with one scale per request (amax of its (s_q, h_q, 576) values
+    / fp8 max, clamped below at 1e-12), in float32, returned dequantised as float32: what the fp8
+    rounding of q alone costs, the yardstick of the fp8 bounds."""
+    finfo = torch.finfo(dtype)
+    x = q.float()
+    amax = x.abs().amax(dim=(1, 2, 3), keepdim=True).clamp(min=1e-12)
+    scale = amax / finfo.max
+    return (x / scale).clamp(finfo.min, finfo.max).to(dtype).float() * scale
+
+
+def serving_out_bound(kv: str, fp8_reach: Optional[float] = None) -> float:
+    """The bound on out's rel L2 over the attended rows: 0.01 for a bf16 cache; for an fp8 cache
+    1.25 x ``fp8_reach`` (the rel L2 of the per-request fp8-rounded-q reference) + 0.02, at most
+    0.5."""
+    if kv == "bf16":
+        return SERVING_OUT_BOUND_BF16
+    return min(SERVING_FP8_FACTOR * float(fp8_reach) + SERVING_FP8_OUT_FLOOR,
+               SERVING_FP8_OUT_CEILING)
+
+
+def serving_lse_bound(kv: str, lse_ref: torch.Tensor,
+                      fp8_reach: Optional[float] = None) -> torch.Tensor:
+    """The bound on each attended row's |lse error|, shaped like ``lse_ref``: 1e-3 + 1e-4 x |lse|
+    for a bf16 cache; for an fp8 cache 1.25 x ``fp8_reach`` (the max |lse error| of the
+    per-request fp8-rounded-q reference) + 1e-2 on every row."""
+    if kv == "bf16":
+        return SERVING_LSE_ATOL_BF16 + SERVING_LSE_RTOL_BF16 * lse_ref.abs()
+    bound = SERVING_FP8_FACTOR * float(fp8_reach) + SERVING_FP8_LSE_FLOOR
+    return torch.full_like(lse_ref, bound)
+
+
+@dataclasses.dataclass
+class ServingExpected:
+    """What a serving case's outputs are judged against, computed once per input: the float64
+    reference (out, lse), the attended rows (batch, s_q, h_q), the fp8 reaches (None for bf16)
+    and the bounds (out: one number; lse: one per (batch, h_q, s_q) row)."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    attended: torch.Tensor
+    kv: str
+    out_bound: float
+    lse_bound: torch.Tensor
+    fp8_out_reach: Optional[float] = None
+    fp8_lse_reach: Optional[float] = None
+
+
+def _max_abs(x: torch.Tensor) -> float:
+    return float(x.abs().max()) if x.numel() else 0.0
+
+
+def serving_expected(inputs: ServingInput) -> ServingExpected:
+    """The float64 reference of ``inputs`` and its bounds; for an fp8 cache also the reference
+    with q rounded by ``round_q_fp8_per_request`` (the reaches the fp8 bounds scale)."""
+    args = dict(k_scale=inputs.k_scale, softmax_scale=inputs.softmax_scale, causal=inputs.causal)
+    out, lse = mla_decode_paged_float64(inputs.q, inputs.k_cache, inputs.block_table,
+                                        inputs.cache_seqlens, **args)
+    attended = attended_rows(inputs.lengths, inputs.qseqlen, inputs.heads, inputs.causal,
+                             inputs.q.device)
+    lse_attended = attended.permute(0, 2, 1)
+    out_reach = lse_reach = None
+    if inputs.kv == "fp8":
+        q8 = round_q_fp8_per_request(inputs.q, inputs.k_cache.dtype)
+        out8, lse8 = mla_decode_paged_float64(q8, inputs.k_cache, inputs.block_table,
+                                              inputs.cache_seqlens, **args)
+        out_reach = rel_l2_error(out8[attended], out[attended])
+        lse_reach = _max_abs((lse8 - lse)[lse_attended])
+    return ServingExpected(out=out, lse=lse, attended=attended, kv=inputs.kv,
+                           out_bound=serving_out_bound(inputs.kv, out_reach),
+                           lse_bound=serving_lse_bound(inputs.kv, lse, lse_reach),
+                           fp8_out_reach=out_reach, fp8_lse_reach=lse_reach)
+
+
+def _output_problems(out, lse, expected: ServingExpected) -> List[str]:
+    """Type, shape, dtype and device problems of (out, lse): out (batch, s_q, h_q, 512) bf16, lse
+    (batch, h_q, s_q) float32, both on the inputs' device."""
+    problems = []
+    for name, value, shape, dtype in (("out", out, expected.out.shape, torch.bfloat16),
+                                      ("lse", lse, expected.lse.shape, torch.float32)):
+        if not isinstance(value, torch.Tensor):
+            problems.append(f"{name} is {type(value).__name__}, not a Tensor")
+            continue
+        if tuple(value.shape) != tuple(shape):
+            problems.append(f"{name} shape {tuple(value.shape)} != {tuple(shape)}")
+        if value.dtype != dtype:
+            problems.append(f"{name} dtype {value.dtype} != {dtype}")
+        if value.device != expected.out.device:
+            problems.append(f"{name} device {value.device} != {expected.out.device}")
+    return problems
+
+
+def judge_serving(expected: ServingExpected, out, lse) -> dict:
+    """Apply every serving check to (out, lse); a dict of the measured numbers and the verdict.
+
+    Keys: ok, problems (list of text), out_rel_l2 / out_bound (attended rows), lse_err (max
+    |lse error| over attended rows) / lse_bound (the bound at that row) / lse_fraction (max
+    error / bound over the rows: 1.0 = at the bound), nonfinite (non-finite values of out or lse
+    on attended rows), zero_rows (rows that attend nothing; their out must be exactly 0 and their
+    lse +inf), fp8_out_reach / fp8_lse_reach. A NaN where the reference is finite always fails;
+    so does any output of the wrong type, shape, dtype or device (then nothing else is
+    measured)."""
+    verdict = {"ok": False, "problems": _output_problems(out, lse, expected), "out_rel_l2": None,
+               "out_bound": expected.out_bound, "lse_err": None, "lse_bound": None,
+               "lse_fraction": None, "nonfinite": None,
+               "zero_rows": int((~expected.attended).sum()),
+               "fp8_out_reach": expected.fp8_out_reach, "fp8_lse_reach": expected.fp8_lse_reach}
+    if verdict["problems"]:
+        return verdict
+    problems = verdict["problems"]
+    att = expected.attended
+    att_lse = att.permute(0, 2, 1)
+    out64, lse64 = out.detach().double(), lse.detach().double()
+    nonfinite = int((~torch.isfinite(out64[att])).sum() + (~torch.isfinite(lse64[att_lse])).sum())
+    verdict["nonfinite"] = nonfinite
+    if nonfinite:
+        problems.append(f"{nonfinite} NaN/inf values in out or lse on rows that attend tokens")
+    if bool(att.any()):
+        rel = rel_l2_error(out64[att], expected.out[att])
+        verdict["out_rel_l2"] = rel
+        if not rel <= expected.out_bound:
+            problems.append(f"out rel L2 {rel:.4g} > bound {expected.out_bound:.4g}")
+        err = (lse64 - expected.lse)[att_lse].abs()
+        bound = expected.lse_bound[att_lse]
+        ratio = err / bound
+        worst = int(torch.argmax(torch.nan_to_num(ratio, nan=float("inf"))))
+        verdict["lse_err"] = float(err.max())
+        verdict["lse_bound"] = float(bound[worst])
+        verdict["lse_fraction"] = float(ratio[worst])
+        if not verdict["lse_fraction"] <= 1.0:
+            problems.append(f"lse error {float(err[worst]):.3g} > bound {float(bound[worst]):.3g}"
+                            f" (max |lse error| {verdict['lse_err']:.3g})")
+    if verdict["zero_rows"]:
+        bad_out = int((out64[~att] != 0).any(dim=-1).sum())
+        bad_lse = int((lse64[~att_lse] != float("inf")).sum())
+        if bad_out or bad_lse:
+            problems.append(f"rows that attend nothing: {bad_out} of {verdict['zero_rows']} have "
+                            f"out != 0, {bad_lse} have lse != +inf")
+    verdict["ok"] = not problems
+    return verdict
+
+
+def serving_message(verdict: dict) -> str:
+    """One line: the problems (if any) first, then the measured errors against their bounds."""
+    parts = []
+    if verdict.get("out_rel_l2") is not None:
+        parts.append(f"out rel L2 {verdict['out_rel_l2']:.4g} (bound {verdict['out_bound']:.4g})")
+    if verdict.get("lse_err") is not None:
+        parts.append(f"lse max abs error {verdict['lse_err']:.3g} (bound {verdict['lse_bound']:.3g}"
+                     f" at the row closest to its bound, {100 * verdict['lse_fraction']:.0f}%)")
+    if verdict.get("fp8_out_reach") is not None:
+        parts.append(f"fp8-rounded q alone: out rel L2 {verdict['fp8_out_reach']:.4g}, lse error "
+                     f"{verdict['fp8_lse_reach']:.3g}")
+    if verdict.get("zero_rows"):
+        parts.append(f"{verdict['zero_rows']} rows attend nothing")
+    measured = "; ".join(parts) if parts else "no row attends anything"
+    if verdict["problems"]:
+        return "; ".join(verdict["problems"]) + " | " + measured
+    return measured
+
+
+def check_serving(inputs: ServingInput, out, lse,
+                  expected: Optional[ServingExpected] = None) -> Tuple[bool, str]:
+    """The strict serving check of (out, lse) from ``mla_decode_with_kvcache(inputs...)``:
+    ``judge_serving`` against ``serving_expected(inputs)`` (pass ``expected`` to reuse one).
+    Returns (ok, message); the message states the errors and their bounds."""
+    if expected is None:
+        expected = serving_expected(inputs)
+    verdict = judge_serving(expected, out, lse)
+    return verdict["ok"], serving_message(verdict)

@@ -1,18 +1,27 @@
 #!POPCORN leaderboard amd-mixed-mla
 #!POPCORN gpu MI355X
-"""DeepSeek-R1 MLA decode (forward-absorb) for the amd-mixed-mla leaderboard.
+"""DeepSeek-R1 MLA decode (forward-absorb): the amd-mixed-mla leaderboard's entry point and an
+interface for inference engines shaped like FlashMLA's, over one core.
 
-custom_kernel checks the input, picks one row of the active route table for the call's
-(batch, kv_len) and runs that row's route. Where aiter imports and its API is one this file knows,
-the aiter table is active; elsewhere (NVIDIA, ROCm without aiter, CPU under TRITON_INTERPRET=1)
-the Triton table is, after one warning line on stderr.
+Two entry points:
+  custom_kernel(data)  the leaderboard's convention (contiguous KV rows from kv_indptr, 16 heads,
+      one query token). It checks the input, picks one row of the active route table for the
+      call's (batch, kv_len) and runs that row's route. Where aiter imports and its API is one this
+      file knows, the aiter table is active; elsewhere (NVIDIA, ROCm without aiter, CPU under
+      TRITON_INTERPRET=1) the Triton table is, after one warning line on stderr.
+  get_mla_decode_metadata() / mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
+      plan, ...)  a paged cache (bf16, or fp8 with k_scale), 1-128 heads, 1-8 query tokens with a
+      causal mask, out and lse, CUDA-graph safe; SERVING_ROUTE_TABLE says which route serves a plan.
+The shared core: _mla_decode_kernel (one Triton kernel, generalised by constexprs: contiguous rows
+or a page size, rows per program, causal, cache dtype), decode_launch_args (its argument list for
+both entry points) and launch (the direct launch path).
 
 Sections, in reading order (each opened by a banner; none refers at import time to a later one):
   constants; input checks; host machinery (launch, caches, workspaces); Triton kernels and their
   routes (portable); the Hopper route (Gluon, sm_90); aiter routes (MI355X); route registry
   (ROUTES, ROUTE_INFO, labels); route tables (data, rewritten by tune.py); router and
-  custom_kernel; candidate race (an optional layer over the router: measures a row's candidates
-  once per job in a separate process and keeps the fastest right one).
+  custom_kernel; serving API; candidate race (an optional layer over the router: measures a row's
+  candidates once per job in a separate process and keeps the fastest right one).
 Measurements behind the choices are in NOTES.md under the ids cited.
 """
 import functools
@@ -74,8 +83,9 @@ def _same_device(field, tensor, device):
 
 
 def _unit_last_stride(field, tensor):
-    """A KV tensor is read row by row with consecutive bytes: a copy of the cache would cost more
-    than the call, so another layout is refused rather than copied."""
+    """A tensor the kernels read with consecutive elements along its last dimension (KV rows,
+    block-table rows, lengths): another layout is refused rather than copied (a copy of the cache
+    would cost more than the call)."""
     if tensor.stride(-1) != 1:
         raise ValueError(f"{field} has strides {tuple(tensor.stride())}: its last dimension must be "
                          "contiguous (stride 1); pass .contiguous() of it")
@@ -246,14 +256,17 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     in leaderboard mode (a new input per repeat) the cold host path costs far more than the kernel
     on small shapes (NOTES.md, "host" rows of the Hopper route). The key holds everything the JIT
     specialises on for these arguments: each tensor's dtype and 16-byte alignment (and on HIP its
-    2 GiB range), each scalar's value (strides: divisibility and the value 1; sm_scale is a float,
-    not specialised), the grid, the constexprs, the launch options, and the device.
+    2 GiB range), each integer scalar's value (strides: divisibility and the value 1; floats such
+    as sm_scale are not specialised), the grid, the constexprs, the launch options, and the device.
     Triton's own path is taken for every call under the interpreter, while a launch hook is
     installed (profilers), and on Triton versions other than the one this call convention was
     checked on (3.6: CompiledKernel.__getitem__, which launches on the device's current queue
-    exactly as the dispatcher does)."""
+    exactly as the dispatcher does).
+    Returns the direct launcher (run_compiled, constexpr values) where there is one, else None: a
+    caller that holds every specialised property of its arguments fixed may call it itself."""
     device = tensors[0].device
-    key = (kernel, grid, device, tuple(map(_specialisation, tensors)), scalars[1:],
+    key = (kernel, grid, device, tuple(map(_specialisation, tensors)),
+           tuple(s for s in scalars if not isinstance(s, float)),
            tuple(constexprs.items()), num_warps, num_stages)
     entry = _COMPILED.get(key)
     if entry is None or _launch_hooks_installed():
@@ -261,11 +274,12 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
         if DIRECT_LAUNCH and isinstance(compiled, triton.compiler.CompiledKernel):
             # every constexpr in signature order, defaults included, as Triton's own launch passes them
             values = dict(keyword_defaults(kernel), **constexprs)
-            _COMPILED[key] = (compiled[(*grid, 1)],
-                              tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
-        return
+            entry = _COMPILED[key] = (compiled[(*grid, 1, 1)[:3]],
+                                      tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
+        return entry
     run_compiled, constexpr_values = entry
     run_compiled(*tensors, *scalars, *constexpr_values)
+    return entry
 
 
 _SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets)
@@ -303,8 +317,10 @@ def fp8_tensor_scale(x, fp8_dtype):
 # =============================================================================================
 # Triton kernels and their routes (portable)
 # NVIDIA, ROCm without aiter, and the CPU under TRITON_INTERPRET=1. Both kernels: one program =
-# one batch row x one KV split, all 16 heads; tokens as the MMA's M dimension; online softmax in
-# float32, base 2; the split merge fused into the row's last split (one launch per call).
+# one request x one KV split x a group of query rows (custom_kernel: the 16 heads of its one
+# token); tokens as the MMA's M dimension; online softmax in float32, base 2; the split merge
+# fused into the request's last split (one launch per call). _mla_decode_kernel (fp8 or bf16
+# cache) serves both entry points; the mxfp4 kernel serves custom_kernel's mxfp4 route.
 # =============================================================================================
 
 
@@ -370,8 +386,9 @@ def _merge_splits(PARTIAL_O, PARTIAL_LSE, first_slot, offsets, heads, NUM_SPLITS
                   NUM_HEADS: tl.constexpr, SLOT_SIZE: tl.constexpr):
     """The row's attention at `offsets` (a (rows x heads) tile of element offsets into one split's
     partial of SLOT_SIZE floats): the splits' partials weighted by 2^(lse - max lse) per head, over
-    the sum of the weights. A row with no KV at all (every lse -inf) merges to 0; a NaN lse (a
-    poisoned row) merges to NaN. Other programs wrote the partials: they are read past L1 (.cg)."""
+    the sum of the weights; and the merged base-2 lse per head. A row with no KV at all (every lse
+    -inf) merges to 0 with lse -inf; a NaN lse (a poisoned row) merges to NaN. Other programs wrote
+    the partials: they are read past L1 (.cg)."""
     lse_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
     for s in range(NUM_SPLITS):
         lse_max = tl.maximum(lse_max, tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads, cache_modifier=".cg"))
@@ -382,107 +399,270 @@ def _merge_splits(PARTIAL_O, PARTIAL_LSE, first_slot, offsets, heads, NUM_SPLITS
         weight = tl.exp2(tl.load(PARTIAL_LSE + (first_slot + s) * NUM_HEADS + heads, cache_modifier=".cg") - lse_max)
         weight_sum += weight
         merged += tl.load(PARTIAL_O + (first_slot + s) * SLOT_SIZE + offsets, cache_modifier=".cg") * weight[None, :]
-    return merged * tl.where(weight_sum > 0, 1.0 / tl.where(weight_sum > 0, weight_sum, 1.0), weight_sum * 0.0)[None, :]
+    merged *= tl.where(weight_sum > 0, 1.0 / tl.where(weight_sum > 0, weight_sum, 1.0), weight_sum * 0.0)[None, :]
+    return merged, lse_max + tl.log2(weight_sum)
 
 
-# --- fp8 cache ---------------------------------------------------------------------------------
+# --- fp8 and bf16 caches: custom_kernel's contiguous rows and the serving API's pages -----------
 @triton.jit
-def _load_q_fp8_t(Q, batch, stride_q_token, stride_q_head, heads, latent, rope, FP8_DTYPE: tl.constexpr,
-                  FP8_MAX: tl.constexpr, LATENT: tl.constexpr):
-    """Q^T of the batch row as fp8 (latent 512 x 16, rope 64 x 16) scaled by the row's own amax;
-    returns them, the scale, and the poison of q (_poison_of)."""
-    q_ptrs = Q + batch * stride_q_token + heads[None, :] * stride_q_head
-    q_latent_t = tl.load(q_ptrs + latent[:, None]).to(tl.float32)
-    q_rope_t = tl.load(q_ptrs + LATENT + rope[:, None]).to(tl.float32)
-    q_amax = tl.maximum(tl.max(tl.max(tl.abs(q_latent_t), 1), 0), tl.max(tl.max(tl.abs(q_rope_t), 1), 0))
-    q_scale = tl.maximum(q_amax, 1e-12) / FP8_MAX
-    poison = _poison_of(q_latent_t) + _poison_of(q_rope_t)
-    return (q_latent_t / q_scale).to(FP8_DTYPE), (q_rope_t / q_scale).to(FP8_DTYPE), q_scale, poison
+def _request_span(QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, batch, kv_rows, capacity, PAGE_SIZE: tl.constexpr):
+    """(first cache row, length, poison) of one request. PAGE_SIZE 0: custom_kernel's contiguous
+    rows, kv_indptr's segment, poisoned as _row_poison says; a page size: cache_seqlens[batch]
+    tokens through the block table, poisoned when negative or longer than the `capacity` tokens
+    the request's block-table row can hold. A poisoned request has length 0: it reads nothing."""
+    if PAGE_SIZE == 0:
+        kv_begin = tl.load(KV_INDPTR + batch)
+        kv_end = tl.load(KV_INDPTR + batch + 1)
+        poison = _row_poison(QO_INDPTR, batch, kv_begin, kv_end, kv_rows)
+        seq_len = kv_end - kv_begin
+    else:
+        kv_begin = 0
+        seq_len = tl.load(CACHE_SEQLENS + batch)
+        poison = tl.where((seq_len < 0) | (seq_len > capacity), float("nan"), 0.0)
+    return kv_begin, tl.where(poison != poison, 0, seq_len), poison
 
 
 @triton.jit
-def _mla_decode_fp8_kernel(
-    Q, KV, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
-    sm_scale_log2, kv_rows,
-    stride_q_token, stride_q_head, stride_kv_token, stride_o_token, stride_o_head,
-    FP8_MAX: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_HEADS: tl.constexpr = 16, LATENT: tl.constexpr = 512, ROPE: tl.constexpr = 64,
+def _pages_poison(BT_ROW, begin, end, num_blocks, PAGE_SIZE: tl.constexpr, IDS: tl.constexpr = 64):
+    """0.0, or NaN when a block-table entry of the tokens [begin, end) is outside [0, num_blocks).
+    Checked before the split reads anything: a poisoned split reads nothing."""
+    last = tl.cdiv(end, PAGE_SIZE)
+    bad = tl.zeros([IDS], tl.int32)
+    for first in range(begin // PAGE_SIZE, last, IDS):
+        pages = first + tl.arange(0, IDS)
+        ids = tl.load(BT_ROW + pages, mask=pages < last, other=0)
+        bad |= ((ids < 0) | (ids >= num_blocks)).to(tl.int32)
+    return tl.where(tl.max(bad, 0) > 0, float("nan"), 0.0)
+
+
+@triton.jit
+def _page_rows(KV, BT_ROW, tile_begin, tokens, valid, stride_kv_block, stride_kv_token, PAGE_SIZE: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Pointers to a tile's BLOCK_N cache rows on pages, a (BLOCK_N x 1) column; tile_begin is a
+    token position. The block's offset is 64-bit (caches past 2^31 bytes), offsets inside a page
+    32-bit. Pages of at least one tile: one block id per tile (tiles start at multiples of
+    BLOCK_N); smaller pages: a block id per token (none loaded past `valid`)."""
+    if PAGE_SIZE >= BLOCK_N:
+        block = tl.load(BT_ROW + tile_begin // PAGE_SIZE).to(tl.int64)
+        rows = KV + block * stride_kv_block + (tile_begin % PAGE_SIZE + tokens)[:, None] * stride_kv_token
+    else:
+        positions = tile_begin + tokens
+        block = tl.load(BT_ROW + positions // PAGE_SIZE, mask=valid, other=0).to(tl.int64)
+        rows = KV + (block * stride_kv_block + (positions % PAGE_SIZE) * stride_kv_token)[:, None]
+    return rows
+
+
+@triton.jit
+def _load_q_t(q_rows, row_ok, latent, rope, KV_FP8: tl.constexpr, FP8_DTYPE: tl.constexpr,
+              FP8_MAX: tl.constexpr, LATENT: tl.constexpr):
+    """Q^T of the program's query rows (latent 512 x ROWS, rope 64 x ROWS; rows past row_ok are 0),
+    its scale and its poison. fp8 cache: quantised to the cache's fp8 type with the rows' own amax
+    as scale; poison is _poison_of(q) (a NaN or an infinity would otherwise vanish into the
+    scale). bf16 cache: q as it is, scale 1; a NaN or an infinity reaches its own row's scores."""
+    q_latent_t = tl.load(q_rows[None, :] + latent[:, None], mask=row_ok[None, :], other=0.0)
+    q_rope_t = tl.load(q_rows[None, :] + LATENT + rope[:, None], mask=row_ok[None, :], other=0.0)
+    q_scale = 1.0
+    poison = 0.0
+    if KV_FP8:
+        q_latent_t = q_latent_t.to(tl.float32)
+        q_rope_t = q_rope_t.to(tl.float32)
+        q_amax = tl.maximum(tl.max(tl.max(tl.abs(q_latent_t), 1), 0), tl.max(tl.max(tl.abs(q_rope_t), 1), 0))
+        q_scale = tl.maximum(q_amax, 1e-12) / FP8_MAX
+        poison = _poison_of(q_latent_t) + _poison_of(q_rope_t)
+        q_latent_t = (q_latent_t / q_scale).to(FP8_DTYPE)
+        q_rope_t = (q_rope_t / q_scale).to(FP8_DTYPE)
+    return q_latent_t, q_rope_t, q_scale, poison
+
+
+@triton.jit
+def _query_rows(group, num_heads, q_len, ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The program's query rows, the (query token, head) pairs group * ROWS ... of its request in
+    token-major order: (valid, query token, head) per row, rows past the request's masked.
+    custom_kernel's rows (PAGE_SIZE 0) are its one token's ROWS = 16 heads, known at compile time:
+    the divisions and masks of the general case cost the fp8 route its last registers on sm_90
+    (spills; NOTES.md h36a). Called before and after the tile loop, not kept through it."""
+    if PAGE_SIZE == 0:  # grid (batch, splits, 1)
+        head = tl.arange(0, ROWS)
+        row_ok, q_token = head < ROWS, 0
+    else:
+        rows = group * ROWS + tl.arange(0, ROWS)
+        row_ok, q_token, head = rows < q_len * num_heads, rows // num_heads, rows % num_heads
+    return row_ok, q_token, head
+
+
+@triton.jit
+def _store_rows(OUT, LSE, out_rows, lse_rows, row_ok, out_t, lse2, latent, WRITE_LSE: tl.constexpr):
+    """Store the program's rows: out (ROWS x 512) from out_t (512 x ROWS); lse from its base-2
+    value in natural log, +inf for a row with nothing attended (lse2 -inf), NaN kept."""
+    tl.store(out_rows[:, None] + latent[None, :], tl.trans(out_t).to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    if WRITE_LSE:
+        tl.store(lse_rows, tl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453), mask=row_ok)
+
+
+@triton.jit
+def _mla_decode_kernel(
+    Q, KV, KV_SCALE, QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE,
+    SPLIT_TICKETS,
+    sm_scale_log2, kv_scale_value, kv_rows, capacity, num_heads, q_len,
+    stride_q_batch, stride_q_token, stride_q_head, stride_kv_block, stride_kv_token, stride_bt_batch,
+    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
+    FP8_MAX: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = True,
+    PAGE_SIZE: tl.constexpr = 0, CAUSAL: tl.constexpr = False, WRITE_LSE: tl.constexpr = False,
+    KV_SCALE_IN_TENSOR: tl.constexpr = True, ROWS: tl.constexpr = 16, LATENT: tl.constexpr = 512,
+    ROPE: tl.constexpr = 64,
 ):
-    """Split-KV MLA decode over the fp8 latent cache, the split combine fused into the last split.
+    """Split-KV MLA decode over an fp8 or bf16 latent cache, the split merge fused into the last
+    split. One core for both entry points: custom_kernel's contiguous rows (PAGE_SIZE 0, rows
+    from kv_indptr, 16 heads, one query token) and the serving API's paged cache (PAGE_SIZE a
+    power of two, cache_seqlens and a block table, any heads, q_len query tokens, CAUSAL masks).
 
-    Products are computed transposed, tokens as the M dimension: S^T = K.Q^T is (BLOCK_N x 16) and
-    O^T += V^T.P^T is (512 x 16). M is then a multiple of 64, so Hopper issues wgmma (fp8 x fp8 for
-    S^T) where M = 16 heads would only allow mma.sync; AMD's MFMA takes either shape.
-    Q^T (576 x 16) is quantised once to fp8 with a per-program scale (amax of this row's q).
-    Each loop step loads one (BLOCK_N x 576) fp8 KV tile: all 576 dims feed S^T, the first 512 are
-    V and feed O^T after an exact fp8 -> f16 conversion (P is f16: P in fp8 would cost 2% error).
-    NUM_SPLITS > 1: each program writes a float32 partial O^T (512 x 16) and its log-sum-exp; the
-    program that draws the last ticket of its batch row merges all splits and writes the bf16
-    output, then resets the ticket to 0 for the next call.
-    Bytes: 576 per KV token, read once; per split a 32 KiB partial written and read once; q, out.
+    Grid (batch, NUM_SPLITS, row groups). A program takes ROWS query rows of one request, the
+    (query token, head) pairs group * ROWS ... in token-major order, and one split of the
+    request's tokens. Products are computed transposed, tokens as the M dimension: S^T = K.Q^T
+    is (BLOCK_N x ROWS) and O^T += V^T.P^T is (512 x ROWS); M a multiple of 64 lets Hopper issue
+    wgmma where M = 16 rows would only allow mma.sync; AMD's MFMA takes either shape.
+    fp8 cache (KV_FP8): Q^T is quantised once to fp8 with the program's own amax; V feeds O^T
+    after an exact fp8 -> f16 conversion and P is f16 (P in fp8 would cost 2% error); the
+    dequantisation scale (KV_SCALE, or kv_scale_value) multiplies the scores and the output.
+    bf16 cache: q stays bf16, P is bf16.
+    Each loop step loads one (BLOCK_N x 576) tile; tokens past the split (or, CAUSAL, past every
+    row's last token) are never loaded, so NaN in a page's unused tail never meets a 0 in P.V.
+    NUM_SPLITS > 1: each program writes a float32 partial O^T (512 x ROWS) and its base-2
+    log-sum-exp; the program that draws the last ticket of its (request, row group) merges all
+    splits, writes out (and lse) and resets the ticket to 0 for the next call.
+    Poison: a request whose indptr segment or length is impossible, a split whose block ids leave
+    the cache, or (fp8) NaN or inf in q make the rows NaN; a row with nothing attended is 0 with
+    lse +inf. Bytes: 576 (fp8) or 1152 (bf16) per KV token and row group; per split a
+    32 KiB partial written and read once; q, out, lse.
     """
     batch = tl.program_id(0)
     split = tl.program_id(1)
-    split_begin, split_end, poison = _row_range(QO_INDPTR, KV_INDPTR, batch, kv_rows, split, NUM_SPLITS, BLOCK_N)
+    group = tl.program_id(2)
+    kv_begin, seq_len, poison = _request_span(QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, batch, kv_rows, capacity,
+                                              PAGE_SIZE)
+    split_begin, split_end = _split_bounds(0, seq_len, split, NUM_SPLITS, BLOCK_N)
+    bt_row = BLOCK_TABLE + batch.to(tl.int64) * stride_bt_batch
+    if PAGE_SIZE > 0:
+        poison += _pages_poison(bt_row, split_begin, split_end, kv_rows, PAGE_SIZE)
+    else:  # rows inside a split are addressed with 32-bit offsets from its first row (below)
+        poison += tl.where(tl.cast(split_end - split_begin, tl.int64) * stride_kv_token >= 2**31, float("nan"), 0.0)
+    split_end = tl.where(poison != poison, split_begin, split_end)
 
-    heads = tl.arange(0, NUM_HEADS)
+    row_ok, q_token, head = _query_rows(group, num_heads, q_len, ROWS, PAGE_SIZE)
+    loop_end = split_end
+    if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
+        row_end = seq_len - q_len + 1 + q_token
+        loop_end = tl.minimum(split_end, tl.max(tl.where(row_ok, row_end, 0), 0))
+
     latent = tl.arange(0, LATENT)
     rope = tl.arange(0, ROPE)
     tokens = tl.arange(0, BLOCK_N)
-    q_latent_t, q_rope_t, q_scale, q_poison = _load_q_fp8_t(Q, batch, stride_q_token, stride_q_head, heads, latent,
-                                                            rope, KV.dtype.element_ty, FP8_MAX, LATENT)
+    q_rows = Q + batch.to(tl.int64) * stride_q_batch + q_token * stride_q_token + head * stride_q_head
+    q_latent_t, q_rope_t, q_scale, q_poison = _load_q_t(q_rows, row_ok, latent, rope, KV_FP8,
+                                                        KV.dtype.element_ty, FP8_MAX, LATENT)
     poison += q_poison
-    kv_scale = tl.load(KV_SCALE)
+    if KV_SCALE_IN_TENSOR:
+        kv_scale = tl.load(KV_SCALE)
+    else:
+        kv_scale = kv_scale_value
     score_scale = sm_scale_log2 * kv_scale * q_scale
 
-    running_max = tl.full([NUM_HEADS], float("-inf"), tl.float32)
-    running_sum = tl.zeros([NUM_HEADS], tl.float32)
-    acc_t = tl.zeros([LATENT, NUM_HEADS], tl.float32)
-    for tile_begin in range(split_begin, split_end, BLOCK_N):
-        token_ids = tile_begin + tokens
-        valid = token_ids < split_end
-        kv_ptrs = KV + token_ids[:, None] * stride_kv_token
+    running_max = tl.full([ROWS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([ROWS], tl.float32)
+    acc_t = tl.zeros([LATENT, ROWS], tl.float32)
+    # Tiles: cache rows kv_begin + [split_begin, loop_end) (on pages kv_begin is 0: token positions).
+    # Contiguous rows: a 64-bit pointer to the split's first row (caches past 2^31 bytes) and
+    # 32-bit offsets from it (a 64-bit address per tile costs the sm_90 configs spills: NOTES.md
+    # h36a); a split of 2^31 elements or more is poisoned above, never read.
+    loop_end += kv_begin
+    kv_split = KV + tl.cast(kv_begin + split_begin, tl.int64) * stride_kv_token
+    for tile_begin in range(kv_begin + split_begin, loop_end, BLOCK_N):
+        valid = tile_begin + tokens < loop_end
+        if PAGE_SIZE == 0:
+            kv_ptrs = kv_split + (tile_begin - kv_begin - split_begin + tokens)[:, None] * stride_kv_token
+        else:
+            kv_ptrs = _page_rows(KV, bt_row, tile_begin, tokens, valid, stride_kv_block, stride_kv_token, PAGE_SIZE,
+                                 BLOCK_N)
         k_latent = tl.load(kv_ptrs + latent[None, :], mask=valid[:, None], other=0.0)
         k_rope = tl.load(kv_ptrs + LATENT + rope[None, :], mask=valid[:, None], other=0.0)
         scores_t = tl.dot(k_latent, q_latent_t)
         scores_t = tl.dot(k_rope, q_rope_t, scores_t)
-        scores_t = tl.where(valid[:, None], scores_t * score_scale, float("-inf"))
+        if CAUSAL:
+            attended = valid[:, None] & (tile_begin + tokens[:, None] < row_end[None, :])
+        else:
+            attended = valid[:, None]
+        scores_t = tl.where(attended, scores_t * score_scale, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores_t, 0))
-        correction = tl.exp2(running_max - new_max)
-        probs_t = tl.exp2(scores_t - new_max[None, :])
+        shift = new_max
+        if CAUSAL:  # a row may have no token in this tile yet: shift it by 0, not by -inf
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(running_max - shift)
+        probs_t = tl.exp2(scores_t - shift[None, :])
         running_sum = running_sum * correction + tl.sum(probs_t, 0)
-        acc_t = tl.dot(tl.trans(k_latent.to(tl.float16)), probs_t.to(tl.float16), acc_t * correction[None, :])
+        if KV_FP8:
+            acc_t = tl.dot(tl.trans(k_latent.to(tl.float16)), probs_t.to(tl.float16), acc_t * correction[None, :])
+        else:
+            acc_t = tl.dot(tl.trans(k_latent), probs_t.to(tl.bfloat16), acc_t * correction[None, :])
         running_max = new_max
 
-    out_ptrs = OUT + batch * stride_o_token + heads[:, None] * stride_o_head + latent[None, :]
+    row_ok, q_token, head = _query_rows(group, num_heads, q_len, ROWS, PAGE_SIZE)
+    out_rows = OUT + batch.to(tl.int64) * stride_o_batch + q_token * stride_o_token + head * stride_o_head
+    lse_rows = LSE + batch * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
+    lse2, safe_sum = _split_lse(running_max, running_sum)
     if NUM_SPLITS == 1:
-        out_scale = (kv_scale / running_sum + poison)[None, :]
-        tl.store(out_ptrs, tl.trans(acc_t * out_scale).to(OUT.dtype.element_ty))
+        out_scale = tl.where(running_sum != 0, kv_scale / safe_sum, 0.0) + poison
+        _store_rows(OUT, LSE, out_rows, lse_rows, row_ok, acc_t * out_scale[None, :], lse2 + poison, latent,
+                    WRITE_LSE)
     else:
-        lse, safe_sum = _split_lse(running_max, running_sum)
-        slot = batch * NUM_SPLITS + split
-        offsets = latent[:, None] * NUM_HEADS + heads[None, :]
-        tl.store(PARTIAL_O + slot * LATENT * NUM_HEADS + offsets, acc_t / safe_sum[None, :])
-        tl.store(PARTIAL_LSE + slot * NUM_HEADS + heads, lse + poison)
-        if _last_split_to_finish(SPLIT_TICKETS, batch, NUM_SPLITS):
-            merged_t = _merge_splits(PARTIAL_O, PARTIAL_LSE, batch * NUM_SPLITS, offsets, heads, NUM_SPLITS, NUM_HEADS,
-                                     LATENT * NUM_HEADS)
-            tl.store(out_ptrs, tl.trans(merged_t * kv_scale).to(OUT.dtype.element_ty))
-            tl.atomic_xchg(SPLIT_TICKETS + batch, 0)
+        pair = batch * tl.num_programs(2) + group
+        slot = pair * NUM_SPLITS + split
+        r = tl.arange(0, ROWS)
+        offsets = latent[:, None] * ROWS + r[None, :]
+        tl.store(PARTIAL_O + slot * LATENT * ROWS + offsets, acc_t / safe_sum[None, :])
+        tl.store(PARTIAL_LSE + slot * ROWS + r, lse2 + poison)
+        if _last_split_to_finish(SPLIT_TICKETS, pair, NUM_SPLITS):
+            merged_t, merged_lse2 = _merge_splits(PARTIAL_O, PARTIAL_LSE, pair * NUM_SPLITS, offsets, r, NUM_SPLITS,
+                                                  ROWS, LATENT * ROWS)
+            _store_rows(OUT, LSE, out_rows, lse_rows, row_ok, merged_t * kv_scale, merged_lse2, latent, WRITE_LSE)
+            tl.atomic_xchg(SPLIT_TICKETS + pair, 0)
+
+
+def decode_launch_args(q, q_strides, kv, kv_scale, out, out_strides, lse, lse_strides, workspace, indptrs,
+                       paging, sm_scale):
+    """(tensors, scalars) of _mla_decode_kernel for one call, as both entry points build them (the
+    API's calls after its first reuse these scalars and this tensor order). q_strides /
+    out_strides (batch, token, head) and lse_strides (batch, head, token) of the caller's tensors
+    (0 where a dimension is absent); kv_scale a float32 tensor or a Python float; indptrs
+    (qo_indptr, kv_indptr) for contiguous rows, else None; paging (cache_seqlens, block_table,
+    page_size) for a paged cache, else None."""
+    partial_o, partial_lse, tickets = workspace
+    any_int = tickets  # stands in for the pointers a mode does not read
+    qo_indptr, kv_indptr = indptrs if indptrs is not None else (any_int, any_int)
+    cache_seqlens, block_table, page_size = paging if paging is not None else (any_int, any_int, 0)
+    scale_tensor = kv_scale if isinstance(kv_scale, torch.Tensor) else any_int
+    scale_value = 1.0 if isinstance(kv_scale, torch.Tensor) else float(kv_scale)
+    if paging is None:  # kv (rows, 1, 576), q (batch, heads, 576)
+        capacity, stride_block, stride_token, stride_bt, q_len = 0, 0, kv.stride(0), 0, 1
+    else:  # kv (blocks, page_size, 1, 576), q (batch, q_len, heads, 576)
+        capacity, stride_block, stride_token, stride_bt, q_len = (block_table.shape[1] * page_size, kv.stride(0),
+                                                                  kv.stride(1), block_table.stride(0), q.shape[1])
+    tensors = (q, kv, scale_tensor, qo_indptr, kv_indptr, cache_seqlens, block_table, out,
+               out if lse is None else lse, partial_o, partial_lse, tickets)
+    scalars = (sm_scale * LOG2E, scale_value, kv.shape[0], capacity, q.shape[-2], q_len, *q_strides, stride_block,
+               stride_token, stride_bt, *out_strides, *lse_strides)
+    return tensors, scalars
 
 
 def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, block_n=64, num_warps=8, num_stages=3):
-    """Split-KV decode over kv_data["fp8"] in one launch (see _mla_decode_fp8_kernel)."""
+    """Split-KV decode over kv_data["fp8"] in one launch (see _mla_decode_kernel, contiguous rows)."""
     kv_fp8, kv_scale = kv_data["fp8"]
     batch = kv_indptr.shape[0] - 1
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
-    partial_o, partial_lse, tickets = split_workspace(batch, num_splits, q.device)
-    launch(_mla_decode_fp8_kernel, (batch, num_splits),
-           (q, kv_fp8, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),
-           (SM_SCALE * LOG2E, kv_fp8.shape[0], q.stride(0), q.stride(1), kv_fp8.stride(0), out.stride(0),
-            out.stride(1)),
-           {"FP8_MAX": FP8_MAX[kv_fp8.dtype], "NUM_SPLITS": num_splits, "BLOCK_N": block_n},
-           num_warps, num_stages)
+    tensors, scalars = decode_launch_args(
+        q, (q.stride(0), 0, q.stride(1)), kv_fp8, kv_scale, out, (out.stride(0), 0, out.stride(1)), None, (0, 0, 0),
+        split_workspace(batch, num_splits, q.device), (qo_indptr, kv_indptr), None, SM_SCALE)
+    launch(_mla_decode_kernel, (batch, num_splits, 1), tensors, scalars,
+           {"FP8_MAX": FP8_MAX[kv_fp8.dtype], "NUM_SPLITS": num_splits, "BLOCK_N": block_n}, num_warps, num_stages)
     return out
 
 # --- mxfp4 cache ------------------------------------------------------------------------------
@@ -615,7 +795,7 @@ def _mla_decode_mxfp4_kernel(
 ):
     """Split-KV MLA decode over an MXFP4 latent cache, with the split combine fused into the last split.
 
-    Same program structure as _mla_decode_fp8_kernel. Per tile: the packed e2m1 bytes (BLOCK_N x
+    Same program structure as _mla_decode_kernel. Per tile: the packed e2m1 bytes (BLOCK_N x
     288, read as 128 + 128 + 32 bytes) and their e8m0 scales (BLOCK_N x 18 of the padded (rows, 24)
     array, row stride stride_scale_token); ref_t = each token's largest scale byte.
     S^T, by QK_DOT_SCALED (one branch per phase: the q preparation and the scores):
@@ -668,10 +848,11 @@ def _mla_decode_mxfp4_kernel(
     acc_even_hi_t = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
     acc_odd_hi_t = tl.zeros([HALF_BYTES, NUM_HEADS], tl.float32)
     for tile_begin in range(split_begin, split_end, BLOCK_N):
-        token_ids = tile_begin + tokens
-        valid = token_ids < split_end
-        kv_ptrs = KV + token_ids[:, None] * stride_kv_token
-        sc_ptrs = KV_SCALES + token_ids[:, None] * stride_scale_token
+        valid = tile_begin + tokens < split_end
+        # the tile's first row in 64 bits (a cache past 2^31 bytes), its rows' offsets in 32
+        first_row = tl.cast(tile_begin, tl.int64)
+        kv_ptrs = KV + first_row * stride_kv_token + tokens[:, None] * stride_kv_token
+        sc_ptrs = KV_SCALES + first_row * stride_scale_token + tokens[:, None] * stride_scale_token
         packed_lo = tl.load(kv_ptrs + pairs[None, :], mask=valid[:, None], other=0)
         packed_hi = tl.load(kv_ptrs + HALF_BYTES + pairs[None, :], mask=valid[:, None], other=0)
         packed_rope = tl.load(kv_ptrs + 2 * HALF_BYTES + rope_pairs[None, :], mask=valid[:, None], other=0)
@@ -738,7 +919,7 @@ def _mla_decode_mxfp4_kernel(
             rows = tl.arange(0, 4 * HALF_BYTES)
             block = rows // HALF_BYTES
             dims = (block // 2) * HALF + 2 * (rows % HALF_BYTES) + block % 2
-            merged_t = _merge_splits(PARTIAL_O, PARTIAL_LSE, batch * NUM_SPLITS,
+            merged_t, _ = _merge_splits(PARTIAL_O, PARTIAL_LSE, batch * NUM_SPLITS,
                                      rows[:, None] * NUM_HEADS + heads[None, :], heads, NUM_SPLITS, NUM_HEADS, 4 * PART)
             tl.store(OUT + batch * stride_o_token + heads[None, :] * stride_o_head + dims[:, None],
                      merged_t.to(OUT.dtype.element_ty))
@@ -777,23 +958,27 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
 # the leaderboard's sizes: the largest, the bs 256 / kv 8192 fp8 cache, is 1.2 GB), which it then
 # compiles with 32-bit buffer loads; the tool adds that mark on HIP targets.
 _FP8_KERNEL_SIGNATURE = {
-    "Q": "*bf16", "KV": "*{fp8}", "KV_SCALE": "*fp32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "OUT": "*bf16",
-    "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32",
-    "kv_rows": "i32", "stride_q_token": "i32", "stride_q_head": "i32", "stride_kv_token": "i32",
-    "stride_o_token": "i32", "stride_o_head": "i32",
+    "Q": "*bf16", "KV": "*{fp8}", "KV_SCALE": "*fp32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
+    "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*bf16", "PARTIAL_O": "*fp32",
+    "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
+    "kv_rows": "i32", "capacity": "i32", "num_heads": "i32", "q_len": "i32",
+    "stride_q_batch": "i32", "stride_q_token": "i32", "stride_q_head": "i32", "stride_kv_block": "i32",
+    "stride_kv_token": "i32", "stride_bt_batch": "i32", "stride_o_batch": "i32", "stride_o_token": "i32",
+    "stride_o_head": "i32", "stride_lse_batch": "i32", "stride_lse_head": "i32", "stride_lse_token": "i32",
 }
+_FLOAT_ARGS = ("sm_scale_log2", "kv_scale_value")
 
 
 def triton_fp8_compile_plan(params, fp8_dtype):
     p = dict(keyword_defaults(triton_fp8_route), **params)
     return [{
-        "kernel": _mla_decode_fp8_kernel,
+        "kernel": _mla_decode_kernel,
         "signature": {name: kind.format(fp8=fp8_dtype) for name, kind in _FP8_KERNEL_SIGNATURE.items()},
-        "constexprs": {"FP8_MAX": FP8_MAX[TRITON_FP8_DTYPES[fp8_dtype]], "NUM_SPLITS": p["num_splits"],
-                       "BLOCK_N": p["block_n"], **keyword_defaults(_mla_decode_fp8_kernel)},
+        "constexprs": {**keyword_defaults(_mla_decode_kernel), "FP8_MAX": FP8_MAX[TRITON_FP8_DTYPES[fp8_dtype]],
+                       "NUM_SPLITS": p["num_splits"], "BLOCK_N": p["block_n"]},
         # torch's pointers, the leaderboard's row counts and the strides 576 / 512 / 16 are
         # multiples of 16, as the JIT sees them
-        "aligned_args": [name for name in _FP8_KERNEL_SIGNATURE if name != "sm_scale_log2"],
+        "aligned_args": [name for name in _FP8_KERNEL_SIGNATURE if name not in _FLOAT_ARGS],
         "range32_args": [name for name, kind in _FP8_KERNEL_SIGNATURE.items() if kind.startswith("*")],
         "num_warps": p["num_warps"], "num_stages": p["num_stages"],
     }]
@@ -1181,7 +1366,7 @@ def _mla_decode_fp8_hopper_kernel(
     ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
 ):
     """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
-    _mla_decode_fp8_kernel (same partials, lse and tickets; same results within rounding).
+    _mla_decode_kernel (same partials, lse and tickets; same results within rounding).
 
     Tile plan: one program = one batch row x one KV split, all 16 heads, WARPS = 4 or 8.
     Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
@@ -2288,6 +2473,275 @@ def custom_kernel(data: input_t) -> output_t:
     if selection.racing:
         return race_call(key, selection, data, batch, total_kv)
     return _run(selection.candidate, data, total_kv, selection.label)
+
+# =============================================================================================
+# Serving API: a paged MLA decode shaped like FlashMLA's interface
+# get_mla_decode_metadata / mla_decode_with_kvcache on the same kernels as custom_kernel
+# (_mla_decode_kernel with a page size). Shapes, dtypes, devices and layouts are checked once per
+# plan and call signature; a call whose signature the plan has seen pays attribute reads only.
+# =============================================================================================
+SERVING_MAX_HEADS = 128
+SERVING_MAX_Q_LEN = 8
+SERVING_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+SERVING_ROWS = 16  # query rows (token, head pairs) per program: the MMA's N dimension
+SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its merge than it saves
+SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
+
+# Which route serves a plan, as data: the first row whose "kv" is the cache's format. The Hopper
+# kernel reads contiguous rows through TMA and 16 heads of one token; a paged cache with any heads
+# goes to the portable kernel everywhere until the Hopper kernel takes pages (NOTES.md h36).
+# num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory.
+SERVING_ROUTE_TABLE = [
+    {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
+    {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
+]
+
+
+class MlaDecodePlan:
+    """What get_mla_decode_metadata returns. Empty until the first mla_decode_with_kvcache call
+    that uses it; that call fixes its shape (batch, s_q, h_q, page size, cache dtype, causal),
+    chooses the route and the split count, and allocates the split workspace. Reuse it for every
+    call (and layer) of that shape: the split bounds are computed by the kernel from cache_seqlens
+    on the GPU, so new lengths and block-table contents need no new plan, eagerly or in a replayed
+    CUDA graph. Calls that share a plan must run in order on one GPU queue, as an
+    engine's layers do.
+
+    num_splits: None (the first call chooses: enough programs to fill the GPU twice, no split
+    shorter than SERVING_SPLIT_MIN_TOKENS of the block table's capacity); set it to a count before
+    the first call to fix it."""
+
+    def __init__(self):
+        self.num_splits = None
+        self.shape = None  # (batch, s_q, h_q, page_size, cache dtype, causal) once filled
+        self.route = None  # the SERVING_ROUTE_TABLE row serving the plan
+        self.workspace = None  # (partials, partial lse, tickets)
+        self.launches = {}  # call signature -> its direct launch (None: through launch()), once checked
+        self.constexprs = None
+
+    def __repr__(self):
+        if self.shape is None:
+            return "MlaDecodePlan(empty)"
+        return (f"MlaDecodePlan(batch={self.shape[0]}, s_q={self.shape[1]}, h_q={self.shape[2]}, "
+                f"page_size={self.shape[3]}, kv={self.shape[4]}, causal={self.shape[5]}, "
+                f"num_splits={self.num_splits}, route={self.route['route']})")
+
+
+def get_mla_decode_metadata(*args, **kwargs):
+    """An empty plan for mla_decode_with_kvcache, as FlashMLA's get_mla_metadata returns one.
+
+    Args:
+        Anything: FlashMLA's callers pass (cache_seqlens, s_q * h_q, 1) or nothing; the plan
+        fills itself on its first use, so the arguments are not needed and not read.
+    Returns:
+        (plan, None): an MlaDecodePlan, and None where FlashMLA returns its split counts.
+    """
+    del args, kwargs
+    return MlaDecodePlan(), None
+
+
+def _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
+                       k_scale):
+    """Everything check_serving_inputs looks at, as a tuple (attribute reads only; hashable unless
+    an argument is not); None when an argument is not what it must be (check_serving_inputs then
+    says which)."""
+    try:
+        # devices as get_device() ints (-1: the CPU): cheaper to make and to hash than torch.device
+        scale = (("tensor", k_scale.dtype, tuple(k_scale.shape), k_scale.get_device())
+                 if isinstance(k_scale, torch.Tensor) else type(k_scale))
+        signature = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
+                     k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
+                     block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
+                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale)
+        if IS_HIP:  # HIP's JIT also specialises each tensor on its storage fitting 2 GiB (_specialisation)
+            signature += tuple(t.untyped_storage().nbytes() <= HIP_RANGE32_BYTES
+                               for t in (q, k_cache, block_table, cache_seqlens, k_scale)
+                               if isinstance(t, torch.Tensor))
+        return signature
+    except (AttributeError, TypeError):
+        return None
+
+
+def _check_tensor(field, x, dtype_ok, dims, device=None):
+    if not isinstance(x, torch.Tensor) or x.dim() != dims or not dtype_ok(x.dtype):
+        raise ValueError(f"{field}: expected a {dims}-D tensor of the documented dtype, got {_describe(x)}")
+    if device is not None:
+        _same_device(field, x, device)
+
+
+def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
+                         k_scale):
+    """Validate a serving call without reading tensor contents (no GPU sync); return the plan
+    shape (batch, s_q, h_q, page_size, cache format, causal). Raises ValueError naming the
+    argument. Contents are the kernel's to check: lengths, block ids (their rows come back NaN)."""
+    _check_tensor("q", q, lambda d: d == torch.bfloat16, 4)
+    batch, s_q, h_q, dims = q.shape
+    if dims != QK_HEAD_DIM:
+        raise ValueError(f"q must be (batch, s_q, h_q, {QK_HEAD_DIM}), got shape {tuple(q.shape)}")
+    if batch < 1:
+        raise ValueError(f"q has batch {batch}: at least one request is needed")
+    if not 1 <= s_q <= SERVING_MAX_Q_LEN:
+        raise ValueError(f"q has s_q {s_q} query tokens per request: 1 to {SERVING_MAX_Q_LEN} are served")
+    if not 1 <= h_q <= SERVING_MAX_HEADS:
+        raise ValueError(f"q has h_q {h_q} heads: 1 to {SERVING_MAX_HEADS} are served")
+    _check_tensor("k_cache", k_cache, lambda d: d == torch.bfloat16 or d in FP8_DTYPES, 4, q.device)
+    num_blocks, page_size, kv_heads, kv_dims = k_cache.shape
+    if kv_heads != NUM_KV_HEADS:
+        raise ValueError(f"k_cache has {kv_heads} KV heads (dimension 2 of {tuple(k_cache.shape)}): MLA has one "
+                         "latent KV head")
+    if kv_dims != QK_HEAD_DIM:
+        raise ValueError(f"k_cache must be (num_blocks, page_size, 1, {QK_HEAD_DIM}), got {tuple(k_cache.shape)}")
+    if page_size not in SERVING_PAGE_SIZES:
+        raise ValueError(f"k_cache has page_size {page_size}: the served page sizes are {SERVING_PAGE_SIZES}")
+    if num_blocks < 1:
+        raise ValueError("k_cache has 0 blocks")
+    _unit_last_stride("k_cache", k_cache)
+    if k_cache.dtype == torch.float8_e4m3fnuz and k_cache.is_cuda and not IS_HIP:
+        raise ValueError("k_cache is float8_e4m3fnuz (AMD gfx942's fp8): NVIDIA GPUs read float8_e4m3fn")
+    _check_tensor("block_table", block_table, lambda d: d == torch.int32, 2, q.device)
+    if block_table.shape[0] != batch or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must be (batch = {batch}, max_blocks >= 1) int32, got "
+                         f"{tuple(block_table.shape)}")
+    _unit_last_stride("block_table", block_table)  # a request's row is read as consecutive entries
+    _check_tensor("cache_seqlens", cache_seqlens, lambda d: d == torch.int32, 1, q.device)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens must be (batch = {batch},) int32, got {tuple(cache_seqlens.shape)}")
+    _unit_last_stride("cache_seqlens", cache_seqlens)
+    if head_dim_v != V_HEAD_DIM:
+        raise ValueError(f"head_dim_v is {head_dim_v!r}: MLA's values are the first {V_HEAD_DIM} latent dims")
+    if num_splits is not None:
+        raise ValueError(f"num_splits is {num_splits!r}: pass None (the plan chooses the splits; set "
+                         "plan.num_splits before its first call to fix them)")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+                                      or not 0 < softmax_scale < float("inf")):
+        raise ValueError(f"softmax_scale is {softmax_scale!r}: a positive finite number, or None for 1/sqrt(576)")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal is {causal!r}: True or False")
+    fp8 = k_cache.dtype in FP8_DTYPES
+    if not fp8 and k_scale is not None:
+        raise ValueError("k_scale is given for a bfloat16 k_cache: it dequantises an fp8 cache only")
+    if fp8 and k_scale is None:
+        raise ValueError(f"k_scale is missing: a {k_cache.dtype} k_cache needs its dequantisation scale "
+                         "(value = fp8 x k_scale)")
+    if isinstance(k_scale, torch.Tensor):
+        if k_scale.dtype != torch.float32 or k_scale.numel() != 1 or k_scale.dim() > 1:
+            raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, shape () or "
+                             f"(1,), got {_describe(k_scale)}")
+        _same_device("k_scale", k_scale, q.device)
+    elif fp8 and (isinstance(k_scale, bool) or not isinstance(k_scale, (int, float))):
+        raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, got {_describe(k_scale)}")
+    return batch, s_q, h_q, page_size, "fp8" if fp8 else "bf16", causal
+
+
+def _programs_to_fill(device):
+    """Programs that keep every multiprocessor busy twice over (SERVING_CPU_PROGRAMS without a GPU)."""
+    if device.type == "cpu":
+        return SERVING_CPU_PROGRAMS
+    if device not in _SM_COUNTS:
+        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return 2 * _SM_COUNTS[device]
+
+
+def _fill_plan(plan, shape, k_cache, block_table, device):
+    """Fix the plan's shape, route, split count and workspace on its first call."""
+    batch, s_q, h_q, page_size, kv_format, _ = shape
+    plan.route = next(row for row in SERVING_ROUTE_TABLE if row["kv"] == kv_format)
+    groups = triton.cdiv(s_q * h_q, SERVING_ROWS)
+    if plan.num_splits is None:
+        capacity = block_table.shape[1] * page_size
+        wanted = triton.cdiv(_programs_to_fill(device), batch * groups)
+        plan.num_splits = max(1, min(wanted, capacity // SERVING_SPLIT_MIN_TOKENS))
+    elif isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int) or plan.num_splits < 1:
+        raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count >= 1")
+    slots = batch * groups * plan.num_splits if plan.num_splits > 1 else 1
+    plan.workspace = (torch.empty(slots, V_HEAD_DIM, SERVING_ROWS, dtype=torch.float32, device=device),
+                      torch.empty(slots, SERVING_ROWS, dtype=torch.float32, device=device),
+                      torch.zeros(batch * groups, dtype=torch.int32, device=device))
+    params = plan.route["params"]
+    plan.constexprs = ({"FP8_MAX": FP8_MAX.get(k_cache.dtype, 0.0), "NUM_SPLITS": plan.num_splits,
+                        "BLOCK_N": params["block_n"], "KV_FP8": kv_format == "fp8", "PAGE_SIZE": page_size,
+                        "CAUSAL": shape[5] and s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS},
+                       (batch, plan.num_splits, groups), params["num_warps"], params["num_stages"])
+    plan.shape = shape
+
+
+def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, plan, num_splits=None,
+                            softmax_scale=None, causal=False, k_scale=None):
+    """MLA decode attention over a paged latent cache, as FlashMLA's flash_mla_with_kvcache.
+
+    Args:
+        q: (batch, s_q, h_q, 576) bfloat16, any layout; s_q 1..8 query tokens, h_q 1..128 heads.
+        k_cache: (num_blocks, page_size, 1, 576) bfloat16, or fp8 (float8_e4m3fn; e4m3fnuz on
+            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous.
+        block_table: (batch, max_blocks) int32: request b's token p is in block
+            block_table[b, p // page_size], row p % page_size. Entries past a request's used
+            blocks are never read.
+        cache_seqlens: (batch,) int32 tokens per request (0: nothing attended).
+        head_dim_v: 512.
+        plan: from get_mla_decode_metadata(); reuse it for calls of the same shape.
+        num_splits: None (the plan chooses).
+        softmax_scale: default 1 / sqrt(576).
+        causal: query token i attends the first cache_seqlens - s_q + i + 1 tokens (the cache
+            already holds the s_q new tokens); otherwise all cache_seqlens tokens.
+        k_scale: fp8 cache only, the dequantisation scale (value = fp8 x k_scale): a Python float,
+            or a float32 tensor of one element on q's device (read by the kernel: no sync).
+    Returns:
+        out: fresh (batch, s_q, h_q, 512) bfloat16 attention output.
+        lse: fresh (batch, h_q, s_q) float32 natural-log sum of exp(softmax_scale q.k) over the
+            attended tokens. A row with nothing attended has out 0 and lse +inf. A request whose
+            length is negative or beyond its block_table row, or whose used block ids are outside
+            the cache, comes back NaN (never read outside the cache).
+    Raises:
+        ValueError naming the argument for shapes, dtypes, devices, layouts and page sizes outside
+        the above (no GPU sync), or for a plan filled by a call of another shape.
+    """
+    signature = _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
+                                   causal, k_scale)
+    try:
+        direct = False if signature is None else plan.launches.get(signature, False)
+    except TypeError:  # an argument that cannot be hashed: check_serving_inputs names it
+        direct, signature = False, None
+    if direct is False:
+        shape = check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
+                                     causal, k_scale)
+        if plan.shape is None:
+            _fill_plan(plan, shape, k_cache, block_table, q.device)
+        elif plan.shape != shape:
+            raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {plan.shape}, "
+                             f"this call is {shape}: use one plan per shape")
+        direct = None
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    batch, s_q, h_q, _ = q.shape
+    out = torch.empty(batch, s_q, h_q, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
+    scale = k_scale if isinstance(k_scale, torch.Tensor) else plan.workspace[2]
+    misaligned = (q.data_ptr() | k_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()
+                  | scale.data_ptr()) & 15
+    if direct is not None and not misaligned and not _launch_hooks_installed():
+        # Seen signature, every pointer 16-byte aligned as when it was recorded: Triton's launcher
+        # directly, with the scalars recorded for the signature (k_scale's value where it is a
+        # float); host time: NOTES.md h36b.
+        run_compiled, constexpr_values, scalars = direct
+        if k_scale is not None and scale is not k_scale:
+            scalars = (scalars[0], float(k_scale), *scalars[2:])
+        unread = plan.workspace[2]  # custom_kernel's indptrs: not read on pages (as decode_launch_args)
+        run_compiled(q, k_cache, scale, unread, unread, cache_seqlens, block_table, out, lse, *plan.workspace,
+                     *scalars, *constexpr_values)
+        return out, lse
+    constexprs, grid, num_warps, num_stages = plan.constexprs
+    tensors, scalars = decode_launch_args(
+        q, (q.stride(0), q.stride(1), q.stride(2)), k_cache, 1.0 if k_scale is None else k_scale, out,
+        (out.stride(0), out.stride(1), out.stride(2)), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
+        plan.workspace, None, (cache_seqlens, block_table, k_cache.shape[1]),
+        SM_SCALE if softmax_scale is None else softmax_scale)
+    entry = launch(_mla_decode_kernel, grid, tensors, scalars,
+                   dict(constexprs, KV_SCALE_IN_TENSOR=isinstance(k_scale, torch.Tensor)), num_warps, num_stages)
+    if signature is not None:  # a call checked: recorded, with its direct launch where it has one
+        if entry is not None and all(t.data_ptr() % 16 == 0 for t in tensors):
+            plan.launches[signature] = (*entry, scalars)
+        else:
+            plan.launches.setdefault(signature, None)
+    return out, lse
 
 # =============================================================================================
 # Candidate race (the first racing call of a job): an optional layer over the router

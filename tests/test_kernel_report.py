@@ -316,7 +316,7 @@ def test_load_kinds_and_widths():
 
 def test_plan_entries_get_the_hip_2gib_mark_on_amd_targets_only():
     (entry,) = submission.triton_compile_plan("triton_fp8", {"num_splits": 2})
-    entry["kernel"] = kr.load_module(REPO_ROOT / "submission.py")._mla_decode_fp8_kernel  # a compilable kernel
+    entry["kernel"] = kr.load_module(REPO_ROOT / "submission.py")._mla_decode_kernel  # a compilable kernel
     kv = (entry["kernel"].arg_names.index("KV"),)
     _, _, _, amd_attrs, _ = kr.complete_plan_entry(entry, kr.TARGETS["gfx950"])
     _, _, _, nv_attrs, _ = kr.complete_plan_entry(entry, kr.TARGETS["sm90"])
@@ -328,7 +328,7 @@ def test_plan_entries_get_the_hip_2gib_mark_on_amd_targets_only():
 
 def test_plan_entry_options_join_the_compile_options_and_the_columns():
     (entry,) = submission.triton_compile_plan("triton_fp8", {"num_splits": 2, "num_warps": 4, "num_stages": 2})
-    entry["kernel"] = kr.load_module(REPO_ROOT / "submission.py")._mla_decode_fp8_kernel
+    entry["kernel"] = kr.load_module(REPO_ROOT / "submission.py")._mla_decode_kernel
     *_, options = kr.complete_plan_entry(entry, kr.TARGETS["gfx950"])
     assert options == {"num_warps": 4, "num_stages": 2}
     entry["options"] = {"waves_per_eu": 2, "matrix_instr_nonkdim": 16}  # as tools/gfx950_sweep.py adds them

@@ -20,6 +20,7 @@ SECTIONS = (  # titles (their first words) in reading order: each part after wha
     "Route registry",
     "Route tables",
     "Router and custom_kernel",
+    "Serving API",
     "Candidate race",
 )
 RULE = "# " + "=" * 20

@@ -1,0 +1,222 @@
+"""The serving API (submission.mla_decode_with_kvcache, bf16 and fp8 caches) against MLA decode peers
+on FlashMLA's own benchmark inputs, in one process, with the same inputs and timings.
+
+    python bench/serving_peers.py [--grids A,B,C] [--flashmla BUILD] [--vllm-fp8 KIT] [--repeats 20]
+                                  [--json OUT] [--skip-32k]
+
+Grids (FlashMLA's benchmark: 128 requests, lengths normal around the mean s_k with spread s_k / 2,
+64-token pages, a permuted block table, NaN in every slot nobody attends; causal for s_q 2):
+  A: h_q 128, s_q 1 and 2, s_k 4096 .. 32768 (compute-bound);  B: h_q 16, same;
+  C: the leaderboard's 8 uniform shapes (h_q 16, s_q 1) as a paged cache.
+Providers: ours over the bf16 cache and over its fp8 copy (per-tensor scale); FlashMLA's dense
+decode (bf16) when --flashmla names its build (the peers kit's flashmla_build.sh; skipped with a
+note otherwise); vLLM's fp8 fork when --vllm-fp8 names a folder holding peer_vllm_fp8.py and its
+build/ (vllm_fp8_build.sh). FlashInfer's MLA wrapper when `flashinfer` imports.
+Per case and provider: kernel time (CUDA events around one call after an L2 flush; median and
+mean of --repeats), host time of one eager call (perf_counter; median; with the GPU idle before,
+and on a warm host with a spin kernel queued before: see host_time), and
+the error against float64 attention over the bf16 values (rel. L2 of out over every attended row;
+ours also lse's max abs error). Ratios: FlashMLA time / provider time (> 1: faster than FlashMLA).
+"""
+import argparse
+import importlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import torch  # noqa: E402
+
+import reference  # noqa: E402
+import submission  # noqa: E402
+import utils  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+SK = (4096, 8192, 16384, 32768)
+
+
+def grid_cases(grids, skip_32k):
+    """(grid, batch, s_q, h_q, mean s_k, varlen, causal) of each requested grid."""
+    cases = []
+    for grid, h_q in (("A", 128), ("B", 16)):
+        if grid in grids:
+            cases += [(grid, 128, s_q, h_q, s_k, True, s_q > 1) for s_q in (1, 2) for s_k in SK
+                      if not (skip_32k and s_k == 32768)]
+    if "C" in grids:
+        cases += [("C", batch, 1, 16, kv, False, False) for batch, kv in utils.benchmark_shapes()]
+    return cases
+
+
+def fp8_copy(cache):
+    """The bf16 cache as fp8 with a per-tensor scale (amax over finite slots / 448), a chunk at a time."""
+    flat = cache.view(-1, cache.shape[-1])
+    amax = torch.zeros((), device=cache.device)
+    for i in range(0, flat.shape[0], 1 << 20):
+        amax = torch.maximum(amax, flat[i:i + (1 << 20)].float().nan_to_num(0.0).abs().max())
+    scale = (amax / torch.finfo(FP8).max).clamp_min(1e-12)
+    out = torch.empty(cache.shape, dtype=FP8, device=cache.device)
+    out_flat = out.view(-1, cache.shape[-1])
+    for i in range(0, flat.shape[0], 1 << 20):
+        out_flat[i:i + (1 << 20)] = (flat[i:i + (1 << 20)].float() / scale).to(FP8)
+    return out, scale.reshape(1).float()
+
+
+def providers(case, args):
+    """name -> zero-argument call returning (out, lse or None), for every provider available."""
+    q, cache, table, lens, causal = case.q, case.k_cache, case.block_table, case.cache_seqlens, case.causal
+    calls = {}
+    plan = submission.get_mla_decode_metadata()[0]
+    calls["ours bf16"] = lambda: submission.mla_decode_with_kvcache(q, cache, table, lens, 512, plan, causal=causal)
+    cache8, scale8 = fp8_copy(cache)
+    plan8 = submission.get_mla_decode_metadata()[0]
+    calls["ours fp8"] = lambda: submission.mla_decode_with_kvcache(q, cache8, table, lens, 512, plan8,
+                                                                   causal=causal, k_scale=scale8)
+    if args.flashmla:
+        flash_mla = args.flashmla
+        meta = flash_mla.get_mla_metadata()[0]
+        calls["FlashMLA bf16"] = lambda: flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta,
+                                                                          causal=causal)
+    if args.vllm_fp8:
+        fn = args.vllm_fp8(q, cache, table, lens, causal)
+        calls["vLLM fp8 fork"] = lambda: (fn(), None)
+    return calls
+
+
+def kernel_times(fn, repeats, flush):
+    """(median, mean) in us of `repeats` calls, each timed by utils.time_call (events around one
+    call after the flush)."""
+    times = [utils.time_call(fn, "cuda", flush)[1] / 1e3 for _ in range(repeats)]
+    return statistics.median(times), statistics.mean(times)
+
+
+def host_time(fn, repeats, busy=False):
+    """Median host time of one eager call. busy=False: the GPU idle before, right after a sync (a
+    host thread that waited through a long kernel runs the call on a cold core: the longer the
+    provider's own kernel, the slower its host time looks); busy=True: after the sync the host
+    spins 0.3 ms, then queues a ~0.5 ms spin kernel, so every provider's call runs on a warm core
+    and only enqueues work (the Python and launch cost alone)."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        if busy:
+            warm_until = time.perf_counter() + 3e-4
+            while time.perf_counter() < warm_until:
+                pass
+            torch.cuda._sleep(1_000_000)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def errors(out, lse, exact_out, exact_lse):
+    attended = torch.isfinite(exact_lse).permute(0, 2, 1)
+    got, want = out.double()[attended], exact_out[attended]
+    rel = ((got - want).norm() / want.norm()).item()
+    lse_err = None
+    if lse is not None:
+        fin = torch.isfinite(exact_lse)
+        lse_err = (lse.double()[fin] - exact_lse[fin]).abs().max().item()
+    return rel, lse_err
+
+
+def load_peers(args):
+    notes = []
+    if args.flashmla:
+        sys.path.insert(0, args.flashmla)
+        sys.modules["flash_mla.cuda"] = importlib.import_module("flash_mla_dense_ext")
+        args.flashmla = importlib.import_module("flash_mla")
+    else:
+        notes.append("FlashMLA: skipped (no --flashmla build; docs/benchmarking.md says how to build it)")
+    if args.vllm_fp8:
+        sys.path.insert(0, args.vllm_fp8)
+        args.vllm_fp8 = importlib.import_module("peer_vllm_fp8").load(os.path.join(args.vllm_fp8, "build"))
+    else:
+        notes.append("vLLM fp8 fork: skipped (no --vllm-fp8 folder)")
+    try:
+        importlib.import_module("flashinfer")
+        notes.append("FlashInfer imports but its MLA wrapper is not wired here yet")
+    except ImportError:
+        notes.append("FlashInfer: skipped (not importable)")
+    return notes
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--grids", default="A,B,C")
+    parser.add_argument("--flashmla", default=None, help="FlashMLA's build folder (flashmla_build.sh DEST/build)")
+    parser.add_argument("--vllm-fp8", default=None, help="folder with peer_vllm_fp8.py and build/")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--host-repeats", type=int, default=50)
+    parser.add_argument("--skip-32k", action="store_true")
+    parser.add_argument("--no-check", action="store_true", help="no float64 reference (times only)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    notes = load_peers(args)
+    for note in notes:
+        print("NOTE:", note, flush=True)
+    flush = utils.L2Flusher("default")
+    rows = []
+    for grid, batch, s_q, h_q, s_k, varlen, causal in grid_cases(args.grids.split(","), args.skip_32k):
+        case = reference.generate_serving_input(batch, s_q, h_q, 64, s_k, 1, varlen=varlen, causal=causal,
+                                                kv="bf16", device="cuda")
+        exact_out = exact_lse = None
+        if not args.no_check:
+            exact_out, exact_lse = reference.mla_decode_paged_float64(case.q, case.k_cache, case.block_table,
+                                                                      case.cache_seqlens, causal=causal)
+        tokens = sum(case.lengths)
+        for name, fn in providers(case, args).items():
+            try:
+                out, lse = fn()
+                torch.cuda.synchronize()
+                rel, lse_err = (float("nan"), None) if exact_out is None else errors(out, lse, exact_out, exact_lse)
+                median, mean = kernel_times(fn, args.repeats, flush)
+                host = host_time(fn, args.host_repeats)
+                host_busy = host_time(fn, args.host_repeats, busy=True)
+            except Exception as exc:  # a peer that cannot take the case: say so, go on
+                print(f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k}: {name} failed: {exc!r}", flush=True)
+                continue
+            row = {"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "causal": causal,
+                   "provider": name, "median_us": median, "mean_us": mean, "host_us": host, "host_busy_us": host_busy,
+                   "rel_l2": rel,
+                   "lse_err": lse_err, "tokens": tokens,
+                   "tflops": 2 * tokens * s_q * h_q * (576 + 512) / median / 1e6,
+                   "bf16_tb_s": tokens * 1152 / median / 1e6}
+            rows.append(row)
+            print(f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k} {name:14s} {median:9.1f} us (mean {mean:9.1f}) "
+                  f"host {host:6.1f} / busy {host_busy:5.1f} us  {row['tflops']:6.1f} TFLOPS  "
+                  f"{row['bf16_tb_s']:5.2f} TB/s(bf16)  "
+                  f"rel {rel:.2e}" + (f"  lse {lse_err:.1e}" if lse_err is not None else ""), flush=True)
+        del case, exact_out, exact_lse
+        torch.cuda.empty_cache()
+    print_summary(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"notes": notes, "rows": rows, "device": torch.cuda.get_device_name()}, f, indent=1)
+
+
+def print_summary(rows):
+    """Geomean per grid and provider of kernel time and host time; ratios to FlashMLA where it ran."""
+    by = {}
+    for row in rows:
+        by.setdefault((row["grid"], row["provider"]), []).append(row)
+    for (grid, name), group in sorted(by.items()):
+        geo = math.exp(statistics.mean(math.log(r["median_us"]) for r in group))
+        host = math.exp(statistics.mean(math.log(r["host_us"]) for r in group))
+        busy = math.exp(statistics.mean(math.log(r["host_busy_us"]) for r in group))
+        peer = by.get((grid, "FlashMLA bf16"))
+        ratio = ""
+        if peer and len(peer) == len(group):
+            ratio = "  FlashMLA / this: %.2fx" % math.exp(statistics.mean(
+                math.log(p["median_us"] / r["median_us"]) for p, r in zip(peer, group, strict=True)))
+        print(f"grid {grid} {name:14s} kernel geomean {geo:9.1f} us  host geomean {host:6.1f} us "
+              f"(busy GPU {busy:5.1f} us){ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The serving API and custom_kernel on a GPU: a CUDA graph captured once and replayed while lengths,
+block tables and q change (rows going to 0 included), and caches past 2^31 elements read right
+through both entry points (64-bit cache offsets). Needs a CUDA GPU with about 20 GB free; the
+big-cache tests take about 20 s on an H200."""
+import pytest
+import torch
+
+import reference
+import submission
+from test_serving_api import assert_right, make_case
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU test: needs a CUDA GPU")
+
+BIG = 2**31 + 2**26  # elements: past what a 32-bit offset reaches
+
+
+@pytest.mark.parametrize("kv,causal", [("fp8", True), ("bf16", False)])
+def test_graph_replay_follows_changing_lengths_and_tables(kv, causal):
+    batch, s_q, h_q, page = 8, 2, 16, 64
+    case = make_case(batch, s_q, h_q, page, [300] * batch, kv=kv, seed=21)
+    if kv == "fp8":  # a device scalar, read by the kernel at replay time
+        case["k_scale"] = torch.tensor([case["k_scale"]], dtype=torch.float32, device="cuda")
+    plan = submission.get_mla_decode_metadata()[0]
+    static = {name: case[name] for name in ("q", "block_table", "cache_seqlens")}
+    submission.mla_decode_with_kvcache(static["q"], case["k_cache"], static["block_table"], static["cache_seqlens"],
+                                       512, plan, causal=causal, k_scale=case["k_scale"])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_out, graph_lse = submission.mla_decode_with_kvcache(
+            static["q"], case["k_cache"], static["block_table"], static["cache_seqlens"], 512, plan, causal=causal,
+            k_scale=case["k_scale"])
+    gen = torch.Generator().manual_seed(5)
+    for step, lens in enumerate([[300] * batch, [0, 1, 2, 63, 64, 65, 299, 0], [0] * batch,
+                                 [5, 250, 0, 128, 77, 1, 300, 13]]):
+        static["cache_seqlens"].copy_(torch.tensor(lens, dtype=torch.int32))
+        static["block_table"].copy_(case["block_table"][torch.randperm(batch, generator=gen)])
+        static["q"].copy_((torch.randn(static["q"].shape, generator=gen) / 4).to(torch.bfloat16))
+        graph.replay()
+        eager_out, eager_lse = submission.mla_decode_with_kvcache(
+            static["q"], case["k_cache"], static["block_table"], static["cache_seqlens"], 512, plan, causal=causal,
+            k_scale=case["k_scale"])
+        torch.cuda.synchronize()
+        assert torch.equal(graph_out, eager_out) and torch.equal(graph_lse, eager_lse), step
+        scale = None if kv == "bf16" else case["k_scale"].item()
+        assert_right(dict(case, **static, k_scale=scale), graph_out, graph_lse, causal, kv)
+
+
+def _sampled_rows_right(out, q, kv_fp8, kv_scale, kv_bf16, kv_indptr, rows):
+    """custom_kernel's rows against float64 attention over the fp8 values it read (q's fp8
+    rounding apart) and over the bf16 truth (the route's bound)."""
+    bounds = kv_indptr.tolist()
+    for b in rows:
+        k8 = kv_fp8[bounds[b]:bounds[b + 1], 0].double() * kv_scale.double()
+        kb = kv_bf16[bounds[b]:bounds[b + 1], 0].double()
+        for k, bound in ((k8, 0.04), (kb, submission.ROUTE_INFO["triton_fp8"]["rel_l2_bound"])):
+            want = torch.softmax(q[b].double() @ k.T * submission.SM_SCALE, -1) @ k[:, :512]
+            rel = ((out[b].double() - want).norm() / want.norm()).item()
+            assert rel < bound, (b, rel, bound)
+
+
+def test_custom_kernel_reads_a_cache_past_2_31_elements():
+    """The leaderboard's format at 128 requests of 32768 tokens: a 2.4 GB fp8 cache (4.2M rows);
+    the table's catch-all row (the portable route) reads it."""
+    batch, kv_len = 128, 32768
+    data = reference.generate_input(batch, 1, kv_len, 77, device="cuda")
+    q, kv_data, _, kv_indptr, _ = data
+    assert kv_data["fp8"][0].numel() > 2**31
+    out = submission.custom_kernel(data)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    _sampled_rows_right(out, q, *kv_data["fp8"], kv_data["bf16"], kv_indptr, rows=(0, 63, batch - 1))
+
+
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_api_reads_blocks_past_2_31_elements(kv):
+    """A paged cache of more than 2^31 elements; the requests' blocks at its far end (offsets past
+    2^31) and at its start; right against float64."""
+    page = 64
+    num_blocks = BIG // (page * 576) + 1
+    dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+    cache = torch.empty(num_blocks, page, 1, 576, dtype=dtype, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for first in range(0, num_blocks, 4096):  # random values, a chunk at a time
+        chunk = cache[first:first + 4096]
+        chunk.copy_(torch.randn(chunk.shape, device="cuda", generator=gen).to(dtype))
+    lens = torch.tensor([4096, 1000, 4096, 77], dtype=torch.int32, device="cuda")
+    table = torch.zeros(4, 64, dtype=torch.int32, device="cuda")
+    table[0] = torch.arange(num_blocks - 64, num_blocks)
+    table[1] = torch.arange(0, 64)
+    table[2] = torch.arange(num_blocks - 1, num_blocks - 129, -2)
+    table[3] = num_blocks - 100
+    q = (torch.randn(4, 2, 16, 576, device="cuda", generator=gen) / 4).to(torch.bfloat16)
+    case = {"q": q, "k_cache": cache, "block_table": table, "cache_seqlens": lens,
+            "k_scale": 1.0 if kv == "fp8" else None}
+    assert cache.numel() > 2**31 and int(table.max()) * page * 576 > 2**31
+    plan = submission.get_mla_decode_metadata()[0]
+    out, lse = submission.mla_decode_with_kvcache(q, cache, table, lens, 512, plan, causal=True,
+                                                  k_scale=case["k_scale"])
+    torch.cuda.synchronize()
+    assert_right(case, out, lse, causal=True, kv=kv)
