@@ -246,7 +246,7 @@ def _specialisation(arg):
     return (arg.dtype, arg.data_ptr() % 16 == 0)
 
 
-def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
+def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, floats=1):
     """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the
     second call with the same key straight through the compiled kernel's own launcher
     (compiled[grid], h22).
@@ -256,8 +256,9 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     in leaderboard mode (a new input per repeat) the cold host path costs far more than the kernel
     on small shapes (NOTES.md, "host" rows of the Hopper route). The key holds everything the JIT
     specialises on for these arguments: each tensor's dtype and 16-byte alignment (and on HIP its
-    2 GiB range), each integer scalar's value (strides: divisibility and the value 1; floats such
-    as sm_scale are not specialised), the grid, the constexprs, the launch options, and the device.
+    2 GiB range), each integer scalar's value (strides: divisibility and the value 1; the leading
+    `floats` scalars, sm_scale and such, are floats: not specialised, not in the key), the grid,
+    the constexprs, the launch options, and the device.
     Triton's own path is taken for every call under the interpreter, while a launch hook is
     installed (profilers), and on Triton versions other than the one this call convention was
     checked on (3.6: CompiledKernel.__getitem__, which launches on the device's current queue
@@ -265,8 +266,7 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     Returns the direct launcher (run_compiled, constexpr values) where there is one, else None: a
     caller that holds every specialised property of its arguments fixed may call it itself."""
     device = tensors[0].device
-    key = (kernel, grid, device, tuple(map(_specialisation, tensors)),
-           tuple(s for s in scalars if not isinstance(s, float)),
+    key = (kernel, grid, device, tuple(map(_specialisation, tensors)), scalars[floats:],
            tuple(constexprs.items()), num_warps, num_stages)
     entry = _COMPILED.get(key)
     if entry is None or _launch_hooks_installed():
@@ -280,6 +280,16 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages):
     run_compiled, constexpr_values = entry
     run_compiled(*tensors, *scalars, *constexpr_values)
     return entry
+
+
+_SM_COUNTS = {}  # device -> multiprocessors (SMs)
+
+
+def sm_count(device):
+    """The GPU's multiprocessors (SMs, or CUs), looked up once per device."""
+    if device not in _SM_COUNTS:
+        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[device]
 
 
 _SPLIT_WORKSPACES = {}  # (batch, num_splits, device) -> (partials, lse, tickets)
@@ -627,27 +637,36 @@ def _mla_decode_kernel(
             tl.atomic_xchg(SPLIT_TICKETS + pair, 0)
 
 
+DECODE_FLOATS = 2  # decode_launch_args's scalars open with sm_scale_log2 and kv_scale_value (launch)
+
+
+def decode_tensors(q, kv, kv_scale, out, lse, workspace, indptrs, cache_seqlens, block_table):
+    """The tensor arguments of _mla_decode_kernel, in its order. The workspace's tickets stand in
+    for the pointers a mode does not read (the indptrs on pages, the paging tensors on contiguous
+    rows, KV_SCALE for a float scale, LSE where none is written)."""
+    partial_o, partial_lse, tickets = workspace
+    qo_indptr, kv_indptr = indptrs if indptrs is not None else (tickets, tickets)
+    return (q, kv, kv_scale if isinstance(kv_scale, torch.Tensor) else tickets, qo_indptr, kv_indptr,
+            tickets if cache_seqlens is None else cache_seqlens, tickets if block_table is None else block_table,
+            out, tickets if lse is None else lse, partial_o, partial_lse, tickets)
+
+
 def decode_launch_args(q, q_strides, kv, kv_scale, out, out_strides, lse, lse_strides, workspace, indptrs,
                        paging, sm_scale):
     """(tensors, scalars) of _mla_decode_kernel for one call, as both entry points build them (the
-    API's calls after its first reuse these scalars and this tensor order). q_strides /
+    API's calls after its first reuse these scalars with decode_tensors). q_strides /
     out_strides (batch, token, head) and lse_strides (batch, head, token) of the caller's tensors
     (0 where a dimension is absent); kv_scale a float32 tensor or a Python float; indptrs
     (qo_indptr, kv_indptr) for contiguous rows, else None; paging (cache_seqlens, block_table,
     page_size) for a paged cache, else None."""
-    partial_o, partial_lse, tickets = workspace
-    any_int = tickets  # stands in for the pointers a mode does not read
-    qo_indptr, kv_indptr = indptrs if indptrs is not None else (any_int, any_int)
-    cache_seqlens, block_table, page_size = paging if paging is not None else (any_int, any_int, 0)
-    scale_tensor = kv_scale if isinstance(kv_scale, torch.Tensor) else any_int
+    cache_seqlens, block_table, page_size = paging if paging is not None else (None, None, 0)
     scale_value = 1.0 if isinstance(kv_scale, torch.Tensor) else float(kv_scale)
     if paging is None:  # kv (rows, 1, 576), q (batch, heads, 576)
         capacity, stride_block, stride_token, stride_bt, q_len = 0, 0, kv.stride(0), 0, 1
     else:  # kv (blocks, page_size, 1, 576), q (batch, q_len, heads, 576)
         capacity, stride_block, stride_token, stride_bt, q_len = (block_table.shape[1] * page_size, kv.stride(0),
                                                                   kv.stride(1), block_table.stride(0), q.shape[1])
-    tensors = (q, kv, scale_tensor, qo_indptr, kv_indptr, cache_seqlens, block_table, out,
-               out if lse is None else lse, partial_o, partial_lse, tickets)
+    tensors = decode_tensors(q, kv, kv_scale, out, lse, workspace, indptrs, cache_seqlens, block_table)
     scalars = (sm_scale * LOG2E, scale_value, kv.shape[0], capacity, q.shape[-2], q_len, *q_strides, stride_block,
                stride_token, stride_bt, *out_strides, *lse_strides)
     return tensors, scalars
@@ -662,7 +681,8 @@ def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, blo
         q, (q.stride(0), 0, q.stride(1)), kv_fp8, kv_scale, out, (out.stride(0), 0, out.stride(1)), None, (0, 0, 0),
         split_workspace(batch, num_splits, q.device), (qo_indptr, kv_indptr), None, SM_SCALE)
     launch(_mla_decode_kernel, (batch, num_splits, 1), tensors, scalars,
-           {"FP8_MAX": FP8_MAX[kv_fp8.dtype], "NUM_SPLITS": num_splits, "BLOCK_N": block_n}, num_warps, num_stages)
+           {"FP8_MAX": FP8_MAX[kv_fp8.dtype], "NUM_SPLITS": num_splits, "BLOCK_N": block_n}, num_warps, num_stages,
+           floats=DECODE_FLOATS)
     return out
 
 # --- mxfp4 cache ------------------------------------------------------------------------------
@@ -959,7 +979,7 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
 # compiles with 32-bit buffer loads; the tool adds that mark on HIP targets.
 _FP8_KERNEL_SIGNATURE = {
     "Q": "*bf16", "KV": "*{fp8}", "KV_SCALE": "*fp32", "QO_INDPTR": "*i32", "KV_INDPTR": "*i32",
-    "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*bf16", "PARTIAL_O": "*fp32",
+    "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*i32", "PARTIAL_O": "*fp32",
     "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
     "kv_rows": "i32", "capacity": "i32", "num_heads": "i32", "q_len": "i32",
     "stride_q_batch": "i32", "stride_q_token": "i32", "stride_q_head": "i32", "stride_kv_block": "i32",
@@ -1504,7 +1524,6 @@ def kv_descriptors(kv):
     return descriptors
 
 
-_SM_COUNTS = {}  # device -> multiprocessors (SMs)
 COOPERATIVE_SPLITS = (2, 4, 8, 16, 32, 64)  # split counts whose splits can each merge 512 / splits dims
 SM90_REGISTERS_PER_SM = 65536
 SM90_SHARED_PER_SM = 228 * 1024  # bytes; the system reserves 1 KiB of it per resident program
@@ -1530,9 +1549,7 @@ def cooperative_merge_fits(batch, num_splits, device, num_warps=4, num_stages=2)
     when every program of the grid is resident at once on an otherwise idle GPU (SMs x
     hopper_programs_per_sm: two per SM at 4 warps and 2 ring slots), with a power-of-two split count
     of 2-64 (each merges 512 / num_splits dims)."""
-    if device not in _SM_COUNTS:
-        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    capacity = _SM_COUNTS[device] * hopper_programs_per_sm(num_warps, num_stages)
+    capacity = sm_count(device) * hopper_programs_per_sm(num_warps, num_stages)
     return num_splits in COOPERATIVE_SPLITS and batch * num_splits <= capacity
 
 
@@ -2516,7 +2533,7 @@ class MlaDecodePlan:
         self.route = None  # the SERVING_ROUTE_TABLE row serving the plan
         self.workspace = None  # (partials, partial lse, tickets)
         self.launches = {}  # call signature -> its direct launch (None: through launch()), once checked
-        self.constexprs = None
+        self.launch_config = None  # (constexprs, grid, num_warps, num_stages)
 
     def __repr__(self):
         if self.shape is None:
@@ -2636,9 +2653,7 @@ def _programs_to_fill(device):
     """Programs that keep every multiprocessor busy twice over (SERVING_CPU_PROGRAMS without a GPU)."""
     if device.type == "cpu":
         return SERVING_CPU_PROGRAMS
-    if device not in _SM_COUNTS:
-        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return 2 * _SM_COUNTS[device]
+    return 2 * sm_count(device)
 
 
 def _fill_plan(plan, shape, k_cache, block_table, device):
@@ -2657,10 +2672,10 @@ def _fill_plan(plan, shape, k_cache, block_table, device):
                       torch.empty(slots, SERVING_ROWS, dtype=torch.float32, device=device),
                       torch.zeros(batch * groups, dtype=torch.int32, device=device))
     params = plan.route["params"]
-    plan.constexprs = ({"FP8_MAX": FP8_MAX.get(k_cache.dtype, 0.0), "NUM_SPLITS": plan.num_splits,
-                        "BLOCK_N": params["block_n"], "KV_FP8": kv_format == "fp8", "PAGE_SIZE": page_size,
-                        "CAUSAL": shape[5] and s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS},
-                       (batch, plan.num_splits, groups), params["num_warps"], params["num_stages"])
+    plan.launch_config = ({"FP8_MAX": FP8_MAX.get(k_cache.dtype, 0.0), "NUM_SPLITS": plan.num_splits,
+                           "BLOCK_N": params["block_n"], "KV_FP8": kv_format == "fp8", "PAGE_SIZE": page_size,
+                           "CAUSAL": shape[5] and s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS},
+                          (batch, plan.num_splits, groups), params["num_warps"], params["num_stages"])
     plan.shape = shape
 
 
@@ -2714,28 +2729,28 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
     batch, s_q, h_q, _ = q.shape
     out = torch.empty(batch, s_q, h_q, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
-    scale = k_scale if isinstance(k_scale, torch.Tensor) else plan.workspace[2]
+    scale_ptr = k_scale.data_ptr() if isinstance(k_scale, torch.Tensor) else 0
     misaligned = (q.data_ptr() | k_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()
-                  | scale.data_ptr()) & 15
+                  | scale_ptr) & 15
     if direct is not None and not misaligned and not _launch_hooks_installed():
         # Seen signature, every pointer 16-byte aligned as when it was recorded: Triton's launcher
         # directly, with the scalars recorded for the signature (k_scale's value where it is a
         # float); host time: NOTES.md h36b.
         run_compiled, constexpr_values, scalars = direct
-        if k_scale is not None and scale is not k_scale:
+        if k_scale is not None and not scale_ptr:
             scalars = (scalars[0], float(k_scale), *scalars[2:])
-        unread = plan.workspace[2]  # custom_kernel's indptrs: not read on pages (as decode_launch_args)
-        run_compiled(q, k_cache, scale, unread, unread, cache_seqlens, block_table, out, lse, *plan.workspace,
+        run_compiled(*decode_tensors(q, k_cache, k_scale, out, lse, plan.workspace, None, cache_seqlens, block_table),
                      *scalars, *constexpr_values)
         return out, lse
-    constexprs, grid, num_warps, num_stages = plan.constexprs
+    constexprs, grid, num_warps, num_stages = plan.launch_config
     tensors, scalars = decode_launch_args(
         q, (q.stride(0), q.stride(1), q.stride(2)), k_cache, 1.0 if k_scale is None else k_scale, out,
         (out.stride(0), out.stride(1), out.stride(2)), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
         plan.workspace, None, (cache_seqlens, block_table, k_cache.shape[1]),
         SM_SCALE if softmax_scale is None else softmax_scale)
     entry = launch(_mla_decode_kernel, grid, tensors, scalars,
-                   dict(constexprs, KV_SCALE_IN_TENSOR=isinstance(k_scale, torch.Tensor)), num_warps, num_stages)
+                   dict(constexprs, KV_SCALE_IN_TENSOR=isinstance(k_scale, torch.Tensor)), num_warps, num_stages,
+                   floats=DECODE_FLOATS)
     if signature is not None:  # a call checked: recorded, with its direct launch where it has one
         if entry is not None and all(t.data_ptr() % 16 == 0 for t in tensors):
             plan.launches[signature] = (*entry, scalars)
