@@ -1165,16 +1165,21 @@ def _hi_plus_lo(acc):
     return (hi + lo * (1.0 / 16)) * (1.0 / 256)
 
 @gluon.jit
-def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr):
+def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr, rows=None, row_ok=None):
     """base[h * LATENT + d] = acc[d, h] * head_scale[h] (cast to base's type), stored from acc's
     own layout: after _rows_to_dims a thread holds 4 consecutive dims of a head and 8 lanes
-    hold 32 consecutive dims (16-byte stores, 128-byte rows for float32), so no layout change."""
+    hold 32 consecutive dims (16-byte stores, 128-byte rows for float32), so no layout change.
+    The serving API's rows: base[rows[h] + d] where row_ok[h]."""
     LAYOUT: gl.constexpr = acc.type.layout
-    dims = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, LAYOUT))
-    heads = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, LAYOUT))
+    dims = gl.expand_dims(gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, LAYOUT)), 1)
     scale = gl.expand_dims(gl.convert_layout(head_scale, gl.SliceLayout(0, LAYOUT)), 0)
-    gl.store(base + gl.expand_dims(dims, 1) + gl.expand_dims(heads, 0) * LATENT,
-             (acc * scale).to(base.dtype.element_ty))
+    if rows is None:
+        heads = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, LAYOUT))
+        gl.store(base + dims + gl.expand_dims(heads, 0) * LATENT, (acc * scale).to(base.dtype.element_ty))
+    else:
+        gl.store(base + dims + gl.expand_dims(gl.convert_layout(rows, gl.SliceLayout(0, LAYOUT)), 0),
+                 (acc * scale).to(base.dtype.element_ty),
+                 mask=gl.expand_dims(gl.convert_layout(row_ok, gl.SliceLayout(0, LAYOUT)), 0))
 
 @_constexpr_function
 def _merge_layout(splits, dims, heads, warps):
@@ -1190,11 +1195,14 @@ def _merge_layout(splits, dims, heads, warps):
 
 @gluon.jit
 def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scale, WARPS: gl.constexpr,
-                 NUM_SPLITS: gl.constexpr, SLICE: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
+                 NUM_SPLITS: gl.constexpr, SLICE: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
+                 splits_here=None, rows=None, row_ok=None):
     """Latent dims [dim_begin, dim_begin + SLICE) of the output row: the splits' partials weighted
     by their lse. All splits' lse and partial slices are read at once (one memory latency, 64
     floats per thread at 4 warps when SLICE = 512 / next_power_of_2(NUM_SPLITS)); each thread
-    holds every split of its elements, so the sums over splits stay in registers."""
+    holds every split of its elements, so the sums over splits stay in registers.
+    The serving API's merge: `splits_here` (<= NUM_SPLITS) splits at run time, output rows at
+    rows[h] where row_ok[h], and rows with nothing attended (every lse -inf) merge to 0."""
     LAYOUT: gl.constexpr = _merge_layout(triton.next_power_of_2(NUM_SPLITS), SLICE, NUM_HEADS, WARPS)
     splits = gl.arange(0, triton.next_power_of_2(NUM_SPLITS), layout=gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT)))
     dims = gl.arange(0, SLICE, layout=gl.SliceLayout(0, gl.SliceLayout(2, LAYOUT)))
@@ -1202,31 +1210,48 @@ def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scal
     splits = gl.expand_dims(gl.expand_dims(splits, 1), 2)
     dims = gl.expand_dims(gl.expand_dims(dims, 0), 2)
     heads = gl.expand_dims(gl.expand_dims(heads, 0), 1)
-    present = splits < NUM_SPLITS
+    present = splits < (NUM_SPLITS if splits_here is None else splits_here)
     lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=present, other=float("-inf"),
                   cache_modifier=".cg")
     partial = gl.load(PARTIAL_O + (first_slot + splits) * (LATENT * NUM_HEADS) + heads * LATENT + dim_begin + dims,
                       mask=present, other=0.0, cache_modifier=".cg")
-    weight = gl.exp2(lse - gl.expand_dims(gl.max(lse, 0), 0))
-    merged = gl.sum(partial * weight, 0) * (kv_scale / gl.sum(weight, 0))  # (dims x heads)
-    out_dims = gl.arange(0, SLICE, layout=gl.SliceLayout(1, gl.SliceLayout(0, LAYOUT)))
-    out_heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, gl.SliceLayout(0, LAYOUT)))
-    gl.store(out_row + dim_begin + gl.expand_dims(out_dims, 1) + gl.expand_dims(out_heads, 0) * LATENT,
-             merged.to(out_row.dtype.element_ty))
+    top = gl.max(lse, 0)
+    out_dims = gl.expand_dims(gl.arange(0, SLICE, layout=gl.SliceLayout(1, gl.SliceLayout(0, LAYOUT))), 1)
+    if rows is None:
+        weight = gl.exp2(lse - gl.expand_dims(top, 0))
+        merged = gl.sum(partial * weight, 0) * (kv_scale / gl.sum(weight, 0))  # (dims x heads)
+        out_heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, gl.SliceLayout(0, LAYOUT)))
+        gl.store(out_row + dim_begin + out_dims + gl.expand_dims(out_heads, 0) * LATENT,
+                 merged.to(out_row.dtype.element_ty))
+    else:
+        weight = gl.exp2(lse - gl.expand_dims(gl.where(top == float("-inf"), 0.0, top), 0))
+        weight_sum = gl.sum(weight, 0)
+        merged = gl.sum(partial * weight, 0) * gl.where(weight_sum == 0.0, 0.0, kv_scale / weight_sum)
+        OUT_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, LAYOUT))
+        gl.store(out_row + dim_begin + out_dims + gl.expand_dims(gl.convert_layout(rows, OUT_ROWS), 0),
+                 merged.to(out_row.dtype.element_ty),
+                 mask=gl.expand_dims(gl.convert_layout(row_ok, OUT_ROWS), 0))
 
 
 @gluon.jit
 def _load_q(Q, row, stride_q_token, ROWS: gl.constexpr, NUM_HEADS: gl.constexpr, CHUNK: gl.constexpr,
-            LATENT: gl.constexpr, ROPE: gl.constexpr):
-    """q[row] (16 heads x 576, bf16 -> float32) as four 128-dim chunks and the rope part."""
-    heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(1, ROWS))
-    q_base = Q + row * stride_q_token + gl.expand_dims(heads, 1) * (LATENT + ROPE)
+            LATENT: gl.constexpr, ROPE: gl.constexpr, rows=None, row_ok=None):
+    """q[row] (16 heads x 576, bf16 -> float32) as four 128-dim chunks and the rope part; the
+    serving API's rows: Q + rows[h] where row_ok[h] (0 elsewhere)."""
+    if rows is None:
+        heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(1, ROWS))
+        q_base = Q + row * stride_q_token + gl.expand_dims(heads, 1) * (LATENT + ROPE)
+        ok = None
+    else:
+        q_base = Q + gl.expand_dims(gl.convert_layout(rows, gl.SliceLayout(1, ROWS)), 1)
+        ok = gl.expand_dims(gl.convert_layout(row_ok, gl.SliceLayout(1, ROWS)), 1)
     q_dims = gl.expand_dims(gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ROWS)), 0)
     rope_dims = gl.expand_dims(gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROWS)), 0)
-    return (gl.load(q_base + q_dims).to(gl.float32), gl.load(q_base + CHUNK + q_dims).to(gl.float32),
-            gl.load(q_base + 2 * CHUNK + q_dims).to(gl.float32),
-            gl.load(q_base + 3 * CHUNK + q_dims).to(gl.float32),
-            gl.load(q_base + LATENT + rope_dims).to(gl.float32))
+    return (gl.load(q_base + q_dims, mask=ok).to(gl.float32),
+            gl.load(q_base + CHUNK + q_dims, mask=ok).to(gl.float32),
+            gl.load(q_base + 2 * CHUNK + q_dims, mask=ok).to(gl.float32),
+            gl.load(q_base + 3 * CHUNK + q_dims, mask=ok).to(gl.float32),
+            gl.load(q_base + LATENT + rope_dims, mask=ok).to(gl.float32))
 
 @gluon.jit
 def _issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores, NUM_CHUNKS: gl.constexpr):
@@ -1271,15 +1296,20 @@ def _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX: gl.constexpr):
 
 
 @gluon.jit
-def _online_softmax(scores, valid, score_scale, running_max, row_sums):
+def _online_softmax(scores, valid, score_scale, running_max, row_sums, CAUSAL: gl.constexpr = False):
     """One tile's step of the online softmax (float32, base 2): the tile's probabilities, the
     factor that rescales the earlier terms, the new running max and the (tokens x heads) sums. The
     sums are reduced over tokens once after the loop: a per-tile reduction over tokens crosses the
-    warps (shared memory and a barrier); the max still must (h8)."""
-    scores = gl.where(gl.expand_dims(valid, 1), scores * score_scale, float("-inf"))
+    warps (shared memory and a barrier); the max still must (h8). `valid`: (tokens x 1), or
+    (tokens x rows) where causal rows end at different tokens; such a row may have no token yet
+    (max -inf): it is shifted by 0, not by -inf."""
+    scores = gl.where(valid, scores * score_scale, float("-inf"))
     new_max = gl.maximum(running_max, gl.max(scores, 0))
-    correction = gl.exp2(running_max - new_max)
-    probs = gl.exp2(scores - gl.expand_dims(new_max, 0))
+    shift = new_max
+    if CAUSAL:
+        shift = gl.where(new_max == float("-inf"), 0.0, new_max)
+    correction = gl.exp2(running_max - shift)
+    probs = gl.exp2(scores - gl.expand_dims(shift, 0))
     row_sums = row_sums * gl.expand_dims(correction, 0) + probs
     return probs, correction, new_max, row_sums
 
@@ -1318,6 +1348,15 @@ def _pv_tile(kv_latent, first, pt_smem, acc0, acc1, acc2, acc3, correction2, WAR
 
 
 @gluon.jit
+def _chunks_out(acc0, acc1, acc2, acc3, WARPS: gl.constexpr):
+    """The four accumulators as (128 dims x heads) P.V chunks in the store layout."""
+    return (gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc0, WARPS)), _output_layout(WARPS)),
+            gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc1, WARPS)), _output_layout(WARPS)),
+            gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc2, WARPS)), _output_layout(WARPS)),
+            gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc3, WARPS)), _output_layout(WARPS)))
+
+
+@gluon.jit
 def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O, PARTIAL_LSE,
                  slot_id, WARPS: gl.constexpr, NUM_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
                  LATENT: gl.constexpr, CHUNK: gl.constexpr):
@@ -1326,10 +1365,7 @@ def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison
     split grid) has sum 0: partial 0, lse -inf (weight 0 in the merge). `poison` (0 or NaN, see
     _row_poison) is added to the output's scale and to the lse."""
     running_sum = gl.sum(row_sums, 0)
-    out0 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc0, WARPS)), _output_layout(WARPS))
-    out1 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc1, WARPS)), _output_layout(WARPS))
-    out2 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc2, WARPS)), _output_layout(WARPS))
-    out3 = gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc3, WARPS)), _output_layout(WARPS))
+    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS)
     if NUM_SPLITS == 1:
         dest = out_row
         head_scale = kv_scale / running_sum + poison
@@ -1377,21 +1413,195 @@ def _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_
         gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
 
 
+# --- the serving API's paged cache on Hopper: schedule, pages, rows, epilogue ---------------
+@_constexpr_function
+def _batch_layout(block, warps):
+    """(block,) int32 over the 32 lanes of each warp, every warp holding all of it (the CTA tile
+    is `warps` times the tensor): the schedule's sums and scan stay inside a warp, no barrier."""
+    return gl.BlockedLayout([block // 32], [32], [warps], [0])
+
+
 @gluon.jit
-def _mla_decode_fp8_hopper_kernel(
-    Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
-    sm_scale_log2, kv_rows, stride_q_token, stride_o_token,
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _serving_work(CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS: gl.constexpr,
+                  BATCH_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+    """The token-balanced schedule, computed by every program from cache_seqlens (no host sync:
+    a replayed graph follows new lengths). The batch's tokens are cut into chunks of whole tiles,
+    about total / target_splits tokens each (at least min_chunk, and at most MAX_SPLITS chunks to
+    the longest request), each request into cdiv(length, chunk) splits (at least one: an empty
+    or poisoned request still writes its rows), and the splits numbered request by request: work
+    item `work` is split `split` of `request`. Returns (request, split, the request's split count,
+    its first work item, split begin, split end, request length, poison); request >= batch_size
+    for a work item past the last. A length < 0 or > capacity (what the request's block-table row
+    holds) is poisoned: NaN rows, nothing read (NOTES.md h38)."""
+    LAYOUT: gl.constexpr = _batch_layout(BATCH_BLOCK, WARPS)
+    i = gl.arange(0, BATCH_BLOCK, layout=LAYOUT)
+    raw = gl.load(CACHE_SEQLENS + i, mask=i < batch_size, other=0)
+    lengths = gl.where((raw < 0) | (raw > capacity), 0, raw)
+    chunk = gl.maximum(gl.maximum(gl.cdiv(gl.sum(lengths, 0), target_splits),
+                                  gl.cdiv(gl.max(lengths, 0), MAX_SPLITS)), min_chunk)
+    chunk = gl.cdiv(chunk, BLOCK_N) * BLOCK_N
+    splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(lengths, chunk), 1), 0)
+    ends = gl.associative_scan(splits, 0, _add)
+    request = gl.sum((ends <= work).to(gl.int32), 0)  # requests whose work items all come before
+    mine = i == request
+    num_splits = gl.sum(gl.where(mine, splits, 0), 0)
+    first_work = gl.sum(gl.where(mine, ends, 0), 0) - num_splits
+    seq_len = gl.sum(gl.where(mine, lengths, 0), 0)
+    poison = gl.where(gl.sum(gl.where(mine & (raw != lengths), 1, 0), 0) > 0, float("nan"), 0.0)
+    split = work - first_work
+    split_begin = split * chunk
+    return (request, split, num_splits, first_work, split_begin, gl.minimum(split_begin + chunk, seq_len), seq_len,
+            poison)
+
+
+@gluon.jit
+def _paged_row(block, token, pred, num_blocks, kv_rows, PAGE_SIZE: gl.constexpr):
+    """(flattened cache row of the tile at request position `token`, whether its block id is
+    outside [0, num_blocks)). A bad id's tile is read at kv_rows, past the cache: TMA reads zeros
+    there; the request is poisoned."""
+    bad = pred & ((block < 0) | (block >= num_blocks))
+    return gl.where(bad, kv_rows, block * PAGE_SIZE + token % PAGE_SIZE), bad.to(gl.int32)
+
+
+@gluon.jit
+def _zero_tail(kv_latent, first, keep_tokens, NUM_CHUNKS: gl.constexpr, BLOCK_N: gl.constexpr,
+               CHUNK: gl.constexpr, WARPS: gl.constexpr):
+    """Zero the tokens from keep_tokens on in the tile's latent boxes, the values of P.V: a page's
+    tail past the request may hold anything, NaN included, and 0 x NaN is NaN (the scores are
+    masked already). Runs in a split's last tile only, after its scores."""
+    LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])
+    keep = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT)) < keep_tokens, 1)
+    gl.thread_barrier()  # every warp's score MMA has read the boxes
+    for c in gl.static_range(NUM_CHUNKS):
+        box = kv_latent.index(first + c)
+        values = box.load(LAYOUT)
+        box.store(gl.where(keep, values, gl.zeros_like(values)))
+
+
+@gluon.jit
+def _serving_rows(group, num_heads, q_len, NUM_HEADS: gl.constexpr, LAYOUT: gl.constexpr):
+    """The program's query rows, (query token, head) pairs group * NUM_HEADS ... in token-major
+    order: (valid, query token, head) per row."""
+    rows = group * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=LAYOUT)
+    return rows < q_len * num_heads, rows // num_heads, rows % num_heads
+
+
+@gluon.jit
+def _natural_lse(lse2):
+    """A base-2 lse as the API returns it: natural log, +inf for a row with nothing attended."""
+    return gl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
+
+
+@gluon.jit
+def _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                WARPS: gl.constexpr):
+    """The base-2 lse of the merged rows from their splits' (-inf for a row with nothing attended)."""
+    LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [32 // NUM_HEADS, NUM_HEADS], [WARPS, 1], [1, 0])
+    splits = gl.expand_dims(gl.arange(0, MAX_SPLITS, layout=gl.SliceLayout(1, LAYOUT)), 1)
+    heads = gl.expand_dims(gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT)), 0)
+    lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=splits < num_splits,
+                  other=float("-inf"), cache_modifier=".cg")
+    top = gl.max(lse, 0)
+    top = gl.where(top == float("-inf"), 0.0, top)
+    return top + gl.log2(gl.sum(gl.exp2(lse - gl.expand_dims(top, 0)), 0))
+
+
+@gluon.jit
+def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale,
+                   WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
+    """Every latent dim of the request's rows merged from its num_splits (<= SPLITS) splits."""
+    SLICE: gl.constexpr = LATENT // SPLITS
+    for dim_begin in range(0, LATENT, SLICE):
+        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_base, first_slot, dim_begin, kv_scale, WARPS, SPLITS, SLICE,
+                     NUM_HEADS, LATENT, num_splits, rows, row_ok)
+
+
+@gluon.jit
+def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, OUT, LSE, PARTIAL_O,
+                   PARTIAL_LSE, SPLIT_TICKETS, request, group, work, num_splits, first_work, num_heads, q_len,
+                   stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                   stride_lse_token, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                   LATENT: gl.constexpr, CHUNK: gl.constexpr):
+    """The serving API's epilogue. A request of one split writes its rows of out and lse; otherwise
+    each split writes a float32 partial and its base-2 lse in slot (group, work item), and the
+    split that draws the request's last ticket merges them (_merge_serving, a layout per split
+    count class) and resets the ticket. Rows with nothing attended: out 0, lse +inf; `poison`
+    (0 or NaN) reaches out and lse."""
+    running_sum = gl.sum(row_sums, 0)
+    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS)
+    ROW_LAYOUT: gl.constexpr = running_max.type.layout
+    row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, ROW_LAYOUT)
+    out_base = OUT + request.to(gl.int64) * stride_o_batch
+    out_rows = q_token * stride_o_token + head * stride_o_head
+    lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
+    has_tokens = running_sum != 0  # (NaN stays NaN)
+    safe_sum = gl.where(has_tokens, running_sum, 1.0)
+    lse2 = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf")) + poison
+    if num_splits == 1:
+        head_scale = gl.where(has_tokens, kv_scale / safe_sum, 0.0) + poison
+        _store_chunk(out0, out_base, head_scale, LATENT, out_rows, row_ok)
+        _store_chunk(out1, out_base + CHUNK, head_scale, LATENT, out_rows, row_ok)
+        _store_chunk(out2, out_base + 2 * CHUNK, head_scale, LATENT, out_rows, row_ok)
+        _store_chunk(out3, out_base + 3 * CHUNK, head_scale, LATENT, out_rows, row_ok)
+        gl.store(lse_rows, _natural_lse(lse2), mask=row_ok)
+    else:
+        slots = gl.num_programs(1)
+        slot_id = group * slots + work
+        dest = PARTIAL_O + slot_id * (LATENT * NUM_HEADS)
+        _store_chunk(out0, dest, 1.0 / safe_sum, LATENT)
+        _store_chunk(out1, dest + CHUNK, 1.0 / safe_sum, LATENT)
+        _store_chunk(out2, dest + 2 * CHUNK, 1.0 / safe_sum, LATENT)
+        _store_chunk(out3, dest + 3 * CHUNK, 1.0 / safe_sum, LATENT)
+        gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=ROW_LAYOUT), lse2)
+        gl.thread_barrier()  # every thread's partial stores precede the ticket's release
+        pair = request * gl.num_programs(0) + group
+        if gl.atomic_add(SPLIT_TICKETS + pair, 1, sem="acq_rel") == num_splits - 1:
+            first_slot = group * slots + first_work
+            if num_splits <= 4:
+                _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
+                               WARPS, 4, NUM_HEADS, LATENT)
+            elif num_splits <= 16:
+                _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
+                               WARPS, 16, NUM_HEADS, LATENT)
+            else:
+                _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
+                               WARPS, MAX_SPLITS, NUM_HEADS, LATENT)
+            merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
+            gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, ROW_LAYOUT)), mask=row_ok)
+            gl.atomic_xchg(SPLIT_TICKETS + pair, 0)
+
+
+@gluon.jit
+def _hopper_decode(
+    Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
+    PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2, kv_scale_value, kv_rows, stride_q_token, stride_o_token, num_blocks, capacity, batch_size,
+    target_splits, min_chunk, num_heads, q_len, stride_q_batch, stride_q_head, stride_bt, stride_o_batch,
+    stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
     FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-    COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
-    ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+    COOPERATIVE_MERGE: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
+    KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
+    NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
 ):
     """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
-    _mla_decode_kernel (same partials, lse and tickets; same results within rounding).
+    _mla_decode_kernel (same partials, lse and tickets; same results within rounding). Both
+    entry points: custom_kernel's contiguous rows (PAGE_SIZE 0) and the serving API's pages
+    (PAGE_SIZE 64 or 128: a tile is 64 tokens of one page).
 
-    Tile plan: one program = one batch row x one KV split, all 16 heads, WARPS = 4 or 8.
+    Tile plan: one program = 16 query rows x one KV split, WARPS = 4 or 8. custom_kernel: grid
+    (batch, NUM_SPLITS), the 16 heads of row `batch`'s token, equal splits of each row. Serving
+    API: grid (row groups, work items), rows (query token, head) group * 16 ... of a request, the
+    work items a token-balanced schedule computed from cache_seqlens (_serving_work), causal
+    masks per query token, lse written.
     Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
     fp8 bytes, loaded by TMA (4 boxes of 128 latent dims + 1 of 64 rope dims) into a ring of
-    STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed.
+    STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed (on pages, the block
+    id of the tile after that is loaded one step ahead, so the TMA issue never waits for it).
     Per tile:  S^T (64 x 16) = sum of 5 fp8 wgmma over the boxes with Q^T (quantised once per
     program, per-program amax scale, kept in shared memory);  online softmax in float32, base 2;
     P^T in fp8 (_store_probs);  for each 128-dim chunk of V: read from the ring slot straight into
@@ -1399,15 +1609,18 @@ def _mla_decode_fp8_hopper_kernel(
     acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB
     of P: STAGES 2 fits two programs per SM (237-255 registers per thread at 4 warps, no spills:
     docs/kernel_report.md).
-    NUM_SPLITS > 1: float32 partials (heads x dims) and lse per split, merged by _merge_row.
-    Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; past the
-    cache TMA reads zeros); q; out; per split a 32 KiB float32 partial. A row whose indptr entries
-    reach outside the cache comes back NaN (_row_poison)."""
+    More than one split: float32 partials (heads x dims) and lse per split, merged by _merge_row
+    (custom_kernel) or _store_serving.
+    Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; on pages
+    the last tile's values past the split are zeroed first, a page's tail may hold NaN; past the
+    cache TMA reads zeros); q; out; per split a 32 KiB float32 partial. A row whose indptr
+    entries reach outside the cache comes back NaN (_row_poison); on pages, a request whose length
+    or block ids are impossible."""
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE)
+    SERVING: gl.constexpr = PAGE_SIZE > 0
     gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
-    batch = gl.program_id(0)
-    split = gl.program_id(1)
+    gl.static_assert(PAGE_SIZE == 0 or PAGE_SIZE % BLOCK_N == 0, "a tile is read from one page")
     ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
                                                      instr_shape=[16, NUM_HEADS // (WARPS // 4), 32])
@@ -1419,16 +1632,38 @@ def _mla_decode_fp8_hopper_kernel(
     # has one query row per batch row: q is read at row `batch`, and a qo_indptr that says
     # otherwise poisons the row (_row_poison, used only in the epilogue). TMA reads zeros outside
     # the cache; the range is also cut to the cache's rows, so a row far outside it loops over no
-    # tiles.
-    kv_scale = gl.load(KV_SCALE)
-    q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
-    row_begin = gl.load(KV_INDPTR + batch)
-    row_end = gl.load(KV_INDPTR + batch + 1)
-    poison = _row_poison(QO_INDPTR, batch, row_begin, row_end, kv_rows)
-    kv_begin, kv_end = _split_bounds(row_begin, row_end, split, NUM_SPLITS, BLOCK_N)
-    kv_begin = gl.maximum(kv_begin, 0)
-    kv_end = gl.minimum(kv_end, kv_rows)
-    num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
+    # tiles. On pages the schedule comes first (it names the request), then q, the scale and the
+    # first tiles' block ids.
+    pid0 = gl.program_id(0)
+    pid1 = gl.program_id(1)
+    if KV_SCALE_IN_TENSOR:
+        kv_scale = gl.load(KV_SCALE)
+    else:
+        kv_scale = kv_scale_value
+    if SERVING:
+        group = pid0
+        work = pid1
+        request, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = _serving_work(
+            CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
+            WARPS)
+        live = request < batch_size
+        row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
+        q0, q1, q2, q3, qr = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT,
+                                     ROPE, q_token * stride_q_token + head * stride_q_head, row_ok & live)
+        bt_row = BLOCK_TABLE + request.to(gl.int64) * stride_bt
+        num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
+        bad_blocks = 0
+    else:
+        batch = pid0
+        split = pid1
+        q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
+        row_begin = gl.load(KV_INDPTR + batch)
+        row_end = gl.load(KV_INDPTR + batch + 1)
+        poison = _row_poison(QO_INDPTR, batch, row_begin, row_end, kv_rows)
+        kv_begin, kv_end = _split_bounds(row_begin, row_end, split, NUM_SPLITS, BLOCK_N)
+        kv_begin = gl.maximum(kv_begin, 0)
+        kv_end = gl.minimum(kv_end, kv_rows)
+        num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
 
     kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK], lat_desc.layout)
     kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
@@ -1448,8 +1683,18 @@ def _mla_decode_fp8_hopper_kernel(
     # path's barrier orders the ring barriers' init before their invalidation; without it Triton
     # puts that barrier at the tile loop's exit, on every path (h35).
     for t in gl.static_range(STAGES - 1):
-        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, kv_begin + t * BLOCK_N,
-                   t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+        if SERVING:
+            token = kv_begin + t * BLOCK_N
+            block = gl.load(bt_row + token // PAGE_SIZE, mask=t < num_tiles, other=0)
+            row, bad = _paged_row(block, token, t < num_tiles, num_blocks, kv_rows, PAGE_SIZE)
+            bad_blocks |= bad
+        else:
+            row = kv_begin + t * BLOCK_N
+        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, row, t < num_tiles, TILE_BYTES,
+                   NUM_CHUNKS, CHUNK, LATENT)
+    if SERVING:
+        next_block = gl.load(bt_row + (kv_begin + (STAGES - 1) * BLOCK_N) // PAGE_SIZE, mask=STAGES - 1 < num_tiles,
+                             other=0)
     score_scale = 0.0
     if num_tiles > 0:
         score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
@@ -1465,17 +1710,37 @@ def _mla_decode_fp8_hopper_kernel(
     acc3 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
     tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
     no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
+    if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
+        _, row_token, _ = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(0, S_MMA))
+        row_limits = gl.expand_dims(gl.minimum(kv_end, seq_len - q_len + 1 + row_token), 0)
     for i in range(num_tiles):
         gl.thread_barrier()  # every warp is done with the slot the next load overwrites
         ahead = i + STAGES - 1
-        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(ahead % STAGES), ahead % STAGES,
-                   kv_begin + ahead * BLOCK_N, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+        if SERVING:
+            row, bad = _paged_row(next_block, kv_begin + ahead * BLOCK_N, ahead < num_tiles, num_blocks, kv_rows,
+                                  PAGE_SIZE)
+            bad_blocks |= bad
+            next_block = gl.load(bt_row + (kv_begin + (ahead + 1) * BLOCK_N) // PAGE_SIZE, mask=ahead + 1 < num_tiles,
+                                 other=0)
+        else:
+            row = kv_begin + ahead * BLOCK_N
+        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(ahead % STAGES), ahead % STAGES, row,
+                   ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
         slot = i % STAGES
         mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)
         scores = warpgroup_mma_wait(0, deps=(_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores,
                                                            NUM_CHUNKS),))
-        valid = (kv_begin + i * BLOCK_N + tokens) < kv_end
-        probs, correction, running_max, row_sums = _online_softmax(scores, valid, score_scale, running_max, row_sums)
+        positions = kv_begin + i * BLOCK_N + tokens
+        if CAUSAL:
+            valid = gl.expand_dims(positions, 1) < row_limits
+        else:
+            valid = gl.expand_dims(positions < kv_end, 1)
+        if SERVING:
+            if kv_begin + (i + 1) * BLOCK_N > kv_end:
+                _zero_tail(kv_latent, slot * NUM_CHUNKS, kv_end - kv_begin - i * BLOCK_N, NUM_CHUNKS, BLOCK_N, CHUNK,
+                           WARPS)
+        probs, correction, running_max, row_sums = _online_softmax(scores, valid, score_scale, running_max, row_sums,
+                                                                   CAUSAL)
         correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)
         acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3, correction2,
                                           WARPS, O_MMA, CHUNK)
@@ -1483,13 +1748,57 @@ def _mla_decode_fp8_hopper_kernel(
         mbarrier.invalidate(loaded.index(ring_slot))
 
     # Epilogue: the output row, or this split's partial and then the row's merge.
-    out_row = OUT + batch * stride_o_token
-    slot_id = batch * NUM_SPLITS + split
-    _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O, PARTIAL_LSE,
-                 slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)
-    if NUM_SPLITS > 1:
-        _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS, NUM_SPLITS,
-                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)
+    if SERVING:
+        if live:
+            _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
+                           poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
+                           SPLIT_TICKETS, request, group, work, num_splits, first_work, num_heads, q_len,
+                           stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                           stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK)
+    else:
+        out_row = OUT + batch * stride_o_token
+        slot_id = batch * NUM_SPLITS + split
+        _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O,
+                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)
+        if NUM_SPLITS > 1:
+            _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS, NUM_SPLITS,
+                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)
+
+
+@gluon.jit
+def _mla_decode_fp8_hopper_kernel(
+    Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2, kv_rows, stride_q_token, stride_o_token,
+    FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+    COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
+    ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+):
+    """_hopper_decode over custom_kernel's contiguous rows: grid (batch, NUM_SPLITS)."""
+    _hopper_decode(Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, 0, 0, OUT, 0, PARTIAL_O, PARTIAL_LSE,
+                   SPLIT_TICKETS, sm_scale_log2, 1.0, kv_rows, stride_q_token, stride_o_token, 0, 0, 0, 0, 0, 0, 0, 0,
+                   0, 0, 0, 0, 0, 0, 0, FP8_MAX, NUM_SPLITS, STAGES, WARPS, COOPERATIVE_MERGE, 0, False, True, 32, 1,
+                   NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N)
+
+
+@gluon.jit
+def _mla_decode_paged_hopper_kernel(
+    Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
+    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
+    stride_lse_batch, stride_lse_head, stride_lse_token,
+    FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+    CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
+    MAX_SPLITS: gl.constexpr = 32, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
+    ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+):
+    """_hopper_decode over the serving API's pages: grid (row groups, work items); see
+    mla_decode_with_kvcache and _serving_work."""
+    _hopper_decode(Q, lat_desc, rope_desc, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
+                   PARTIAL_LSE, SPLIT_TICKETS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
+                   stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
+                   stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
+                   stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
+                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N)
 
 
 def hopper_layouts():
@@ -1505,18 +1814,21 @@ _KV_DESCRIPTORS = {}
 
 
 def tma_can_read(kv):
-    """TMA needs unit stride along the row and 16-byte aligned rows and base."""
-    return (kv.stride(-1) == 1 and kv.stride(0) % 16 == 0 and kv.data_ptr() % 16 == 0)
+    """TMA needs unit stride along the row and 16-byte aligned rows and base; a paged cache
+    (blocks, page, 1, 576) is read as blocks x page rows, so its blocks must follow each other."""
+    return (kv.stride(-1) == 1 and kv.stride(-3) % 16 == 0 and kv.data_ptr() % 16 == 0
+            and (kv.dim() == 3 or kv.stride(0) == kv.shape[1] * kv.stride(1)))
 
 
 def kv_descriptors(kv):
-    """TMA descriptors over the (rows, 576) fp8 cache; cached per cache tensor (the last two)."""
-    key = (kv.data_ptr(), kv.shape[0], kv.stride(0), kv.device)
+    """TMA descriptors over the (rows, 576) fp8 cache, rows (rows, 1, 576) or the pages of
+    (blocks, page, 1, 576); cached per cache tensor (the last two)."""
+    key = (kv.data_ptr(), kv.shape[:2], kv.stride(0), kv.device)
     descriptors = _KV_DESCRIPTORS.get(key)
     if descriptors is None:
         if len(_KV_DESCRIPTORS) >= 2:
             _KV_DESCRIPTORS.clear()
-        rows = kv[:, 0, :]
+        rows = (kv.flatten(0, 1) if kv.dim() == 4 else kv)[:, 0, :]
         latent_layout, rope_layout = hopper_layouts()
         descriptors = _KV_DESCRIPTORS[key] = (
             TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK], latent_layout),
@@ -1603,6 +1915,32 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
                          if kind[0] == "*" or name in ("kv_rows", "stride_q_token", "stride_o_token")],
         "num_warps": p["num_warps"], "num_stages": 1,
     } for cooperative in merges]
+
+def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False, True), batch=128):
+    """The serving API's Hopper kernel (sm_90 only), for a page size, causal masks on and off, a
+    tensor k_scale; a plan like the route tables' (tools/kernel_report.py, tests)."""
+    if not HAVE_GLUON:
+        return []
+    latent_layout, rope_layout = hopper_layouts()
+    signature = {
+        "Q": "*bf16", "lat_desc": f"tensordesc<fp8e4nv[64, {HOPPER_CHUNK}],{latent_layout!r}>",
+        "rope_desc": f"tensordesc<fp8e4nv[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32",
+        "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
+        "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
+        **{name: "i32" for name in (
+            "kv_rows", "num_blocks", "capacity", "batch_size", "target_splits", "min_chunk", "num_heads", "q_len",
+            "stride_q_batch", "stride_q_token", "stride_q_head", "stride_bt", "stride_o_batch", "stride_o_token",
+            "stride_o_head", "stride_lse_batch", "stride_lse_head", "stride_lse_token")},
+    }
+    return [{
+        "kernel": _mla_decode_paged_hopper_kernel, "targets": ["sm90"], "signature": signature,
+        "constexprs": {**keyword_defaults(_mla_decode_paged_hopper_kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
+                       "PAGE_SIZE": page, "STAGES": params["num_stages"], "WARPS": params["num_warps"],
+                       "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
+                       "MAX_SPLITS": SERVING_MAX_SPLITS},
+        "aligned_args": [name for name, kind in signature.items() if kind[0] == "*"],
+        "num_warps": params["num_warps"], "num_stages": 1,
+    } for page in page_sizes for c in causal]
 
 # =============================================================================================
 # aiter routes (MI355X)
@@ -2502,13 +2840,19 @@ SERVING_MAX_Q_LEN = 8
 SERVING_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 SERVING_ROWS = 16  # query rows (token, head pairs) per program: the MMA's N dimension
 SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its merge than it saves
+SERVING_MAX_SPLITS = 32  # splits of one request at most on the Hopper route (its merge's widest layout)
 SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
 
-# Which route serves a plan, as data: the first row whose "kv" is the cache's format. The Hopper
-# kernel reads contiguous rows through TMA and 16 heads of one token; a paged cache with any heads
-# goes to the portable kernel everywhere until the Hopper kernel takes pages (NOTES.md h36).
-# num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory.
+# Which route serves a plan, as data: the first row whose "kv" is the cache's format, whose
+# "pages" (if any) hold the page size, whose "max_batch" (if any) holds the batch, and whose
+# route this machine has. hopper_paged: the Hopper kernel on pages of whole 64-token tiles, the
+# work balanced by tokens over the batch (_serving_work; "waves": programs per SM slot it aims
+# for, "min_chunk": the shortest split); the schedule holds the batch's lengths in one warp, so
+# up to 1024 requests. Everything else: the portable kernel (NOTES.md h36, h38). num_stages 2
+# for bf16: three 64-token bf16 tiles do not fit an H200's shared memory.
 SERVING_ROUTE_TABLE = [
+    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
 ]
@@ -2523,17 +2867,19 @@ class MlaDecodePlan:
     CUDA graph. Calls that share a plan must run in order on one GPU queue, as an
     engine's layers do.
 
-    num_splits: None (the first call chooses: enough programs to fill the GPU twice, no split
-    shorter than SERVING_SPLIT_MIN_TOKENS of the block table's capacity); set it to a count before
-    the first call to fix it."""
+    num_splits: None (the first call chooses); set it to a count before the first call to fix it.
+    The portable route cuts every request into num_splits equal splits (by default enough programs
+    to fill the GPU twice, no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's
+    capacity); the Hopper route cuts the batch's tokens into about num_splits chunks (by default
+    one per program slot of the GPU), each request into its share of them."""
 
     def __init__(self):
         self.num_splits = None
         self.shape = None  # (batch, s_q, h_q, page_size, cache dtype, causal) once filled
         self.route = None  # the SERVING_ROUTE_TABLE row serving the plan
         self.workspace = None  # (partials, partial lse, tickets)
-        self.launches = {}  # call signature -> its direct launch (None: through launch()), once checked
-        self.launch_config = None  # (constexprs, grid, num_warps, num_stages)
+        self.launches = {}  # call signature -> its launch (a function of the call's tensors), once checked
+        self.fallback = None  # the portable route's plan, for calls whose cache the Hopper route cannot read
 
     def __repr__(self):
         if self.shape is None:
@@ -2656,27 +3002,110 @@ def _programs_to_fill(device):
     return 2 * sm_count(device)
 
 
-def _fill_plan(plan, shape, k_cache, block_table, device):
+SERVING_ROUTES = {"triton_paged"} | ({"hopper_paged"} if HOPPER else set())
+
+
+def serving_route_row(shape, table=None):
+    """The first row of the table (SERVING_ROUTE_TABLE) that serves a plan of this shape here."""
+    batch, _, _, page_size, kv_format, _ = shape
+    return next(row for row in (SERVING_ROUTE_TABLE if table is None else table)
+                if row["kv"] == kv_format and row["route"] in SERVING_ROUTES
+                and page_size in row.get("pages", (page_size,)) and batch <= row.get("max_batch", batch))
+
+
+def _fill_plan(plan, shape, route, block_table, device):
     """Fix the plan's shape, route, split count and workspace on its first call."""
-    batch, s_q, h_q, page_size, kv_format, _ = shape
-    plan.route = next(row for row in SERVING_ROUTE_TABLE if row["kv"] == kv_format)
-    groups = triton.cdiv(s_q * h_q, SERVING_ROWS)
-    if plan.num_splits is None:
-        capacity = block_table.shape[1] * page_size
-        wanted = triton.cdiv(_programs_to_fill(device), batch * groups)
-        plan.num_splits = max(1, min(wanted, capacity // SERVING_SPLIT_MIN_TOKENS))
-    elif isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int) or plan.num_splits < 1:
+    batch, s_q, h_q, page_size, _, _ = shape
+    if plan.num_splits is not None and (isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int)
+                                        or plan.num_splits < 1):
         raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count >= 1")
-    slots = batch * groups * plan.num_splits if plan.num_splits > 1 else 1
+    groups = triton.cdiv(s_q * h_q, SERVING_ROWS)
+    params = route["params"]
+    if route["route"] == "hopper_paged":
+        if plan.num_splits is None:  # the batch's chunks: one per program slot of the GPU
+            slots = sm_count(device) * hopper_programs_per_sm(params["num_warps"], params["num_stages"])
+            plan.num_splits = max(1, params["waves"] * slots // groups)
+        slots = groups * (plan.num_splits + batch)  # work items: at most a chunk count plus one per request
+    else:
+        if plan.num_splits is None:
+            capacity = block_table.shape[1] * page_size
+            wanted = triton.cdiv(_programs_to_fill(device), batch * groups)
+            plan.num_splits = max(1, min(wanted, capacity // SERVING_SPLIT_MIN_TOKENS))
+        slots = batch * groups * plan.num_splits if plan.num_splits > 1 else 1
     plan.workspace = (torch.empty(slots, V_HEAD_DIM, SERVING_ROWS, dtype=torch.float32, device=device),
                       torch.empty(slots, SERVING_ROWS, dtype=torch.float32, device=device),
                       torch.zeros(batch * groups, dtype=torch.int32, device=device))
-    params = plan.route["params"]
-    plan.launch_config = ({"FP8_MAX": FP8_MAX.get(k_cache.dtype, 0.0), "NUM_SPLITS": plan.num_splits,
-                           "BLOCK_N": params["block_n"], "KV_FP8": kv_format == "fp8", "PAGE_SIZE": page_size,
-                           "CAUSAL": shape[5] and s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS},
-                          (batch, plan.num_splits, groups), params["num_warps"], params["num_stages"])
+    plan.route = route
     plan.shape = shape
+
+
+def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
+    """_mla_decode_kernel over the pages: launch it for this call; return how the calls of this
+    signature launch it (see mla_decode_with_kvcache), or None."""
+    batch, s_q, h_q, page_size, kv_format, causal = plan.shape
+    params = plan.route["params"]
+    constexprs = {"FP8_MAX": FP8_MAX.get(k_cache.dtype, 0.0), "NUM_SPLITS": plan.num_splits,
+                  "BLOCK_N": params["block_n"], "KV_FP8": kv_format == "fp8", "PAGE_SIZE": page_size,
+                  "CAUSAL": causal and s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS,
+                  "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor)}
+    tensors, scalars = decode_launch_args(
+        q, (q.stride(0), q.stride(1), q.stride(2)), k_cache, 1.0 if k_scale is None else k_scale, out,
+        (out.stride(0), out.stride(1), out.stride(2)), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
+        plan.workspace, None, (cache_seqlens, block_table, page_size), sm_scale)
+    entry = launch(_mla_decode_kernel, (batch, plan.num_splits, triton.cdiv(s_q * h_q, SERVING_ROWS)), tensors,
+                   scalars, constexprs, params["num_warps"], params["num_stages"], floats=DECODE_FLOATS)
+    if entry is None or not all(t.data_ptr() % 16 == 0 for t in tensors):
+        return None
+    run_compiled, constexpr_values = entry
+    workspace = plan.workspace
+
+    def run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
+        values = scalars if k_scale is None or isinstance(k_scale, torch.Tensor) else (
+            scalars[0], float(k_scale), *scalars[2:])
+        run_compiled(*decode_tensors(q, k_cache, k_scale, out, lse, workspace, None, cache_seqlens, block_table),
+                     *values, *constexpr_values)
+    return run
+
+
+def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
+    """_mla_decode_paged_hopper_kernel over the pages (TMA descriptors of the cache as blocks x page
+    rows): launch it for this call; return how the calls of this signature launch it, or None."""
+    batch, s_q, h_q, page_size, _, causal = plan.shape
+    params = plan.route["params"]
+    groups = triton.cdiv(s_q * h_q, SERVING_ROWS)
+    partial_o, partial_lse, tickets = plan.workspace
+    scale_tensor = isinstance(k_scale, torch.Tensor)
+    latent_desc, rope_desc = kv_descriptors(k_cache)
+    constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, "STAGES": params["num_stages"],
+                  "WARPS": params["num_warps"], "CAUSAL": causal and s_q > 1, "KV_SCALE_IN_TENSOR": scale_tensor,
+                  "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS}
+    scalars = (sm_scale * LOG2E, 1.0 if scale_tensor else float(k_scale), k_cache.shape[0] * page_size,
+               k_cache.shape[0], block_table.shape[1] * page_size, batch, plan.num_splits, params["min_chunk"], h_q,
+               s_q, q.stride(0), q.stride(1), q.stride(2), block_table.stride(0), out.stride(0), out.stride(1),
+               out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
+
+    def tensors_of(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
+        return (q, *kv_descriptors(k_cache), k_scale if isinstance(k_scale, torch.Tensor) else tickets,
+                cache_seqlens, block_table, out, lse, partial_o, partial_lse, tickets)
+
+    tensors = tensors_of(q, k_cache, block_table, cache_seqlens, k_scale, out, lse)
+    entry = launch(_mla_decode_paged_hopper_kernel, (groups, plan.num_splits + batch), tensors, scalars, constexprs,
+                   params["num_warps"], 1, floats=DECODE_FLOATS)
+    if entry is None:
+        return None
+    run_compiled, constexpr_values = entry
+    descriptors = [k_cache.data_ptr(), latent_desc, rope_desc]  # the last cache's, rebuilt when it moves
+
+    def run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
+        values = scalars if scale_tensor else (scalars[0], float(k_scale), *scalars[2:])
+        if k_cache.data_ptr() != descriptors[0]:
+            descriptors[:] = [k_cache.data_ptr(), *kv_descriptors(k_cache)]
+        run_compiled(q, descriptors[1], descriptors[2], k_scale if scale_tensor else tickets, cache_seqlens,
+                     block_table, out, lse, partial_o, partial_lse, tickets, *values, *constexpr_values)
+    return run
+
+
+SERVING_LAUNCHES = {"triton_paged": _portable_launch, "hopper_paged": _hopper_launch}
 
 
 def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, plan, num_splits=None,
@@ -2712,18 +3141,18 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
     signature = _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
                                    causal, k_scale)
     try:
-        direct = False if signature is None else plan.launches.get(signature, False)
+        run = False if signature is None else plan.launches.get(signature, False)
     except TypeError:  # an argument that cannot be hashed: check_serving_inputs names it
-        direct, signature = False, None
-    if direct is False:
+        run, signature = False, None
+    if run is False:
         shape = check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
                                      causal, k_scale)
         if plan.shape is None:
-            _fill_plan(plan, shape, k_cache, block_table, q.device)
+            _fill_plan(plan, shape, serving_route_row(shape), block_table, q.device)
         elif plan.shape != shape:
             raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {plan.shape}, "
                              f"this call is {shape}: use one plan per shape")
-        direct = None
+        run = None
     if q.stride(3) != 1:
         q = q.contiguous()
     batch, s_q, h_q, _ = q.shape
@@ -2732,30 +3161,24 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
     scale_ptr = k_scale.data_ptr() if isinstance(k_scale, torch.Tensor) else 0
     misaligned = (q.data_ptr() | k_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()
                   | scale_ptr) & 15
-    if direct is not None and not misaligned and not _launch_hooks_installed():
-        # Seen signature, every pointer 16-byte aligned as when it was recorded: Triton's launcher
-        # directly, with the scalars recorded for the signature (k_scale's value where it is a
-        # float); host time: NOTES.md h36b.
-        run_compiled, constexpr_values, scalars = direct
-        if k_scale is not None and not scale_ptr:
-            scalars = (scalars[0], float(k_scale), *scalars[2:])
-        run_compiled(*decode_tensors(q, k_cache, k_scale, out, lse, plan.workspace, None, cache_seqlens, block_table),
-                     *scalars, *constexpr_values)
+    if run is not None and not misaligned and not _launch_hooks_installed():
+        # A seen signature, every pointer 16-byte aligned as when it was recorded: Triton's
+        # launcher directly, with the scalars recorded for the signature (k_scale's value where
+        # it is a float); host time: NOTES.md h36b.
+        run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse)
         return out, lse
-    constexprs, grid, num_warps, num_stages = plan.launch_config
-    tensors, scalars = decode_launch_args(
-        q, (q.stride(0), q.stride(1), q.stride(2)), k_cache, 1.0 if k_scale is None else k_scale, out,
-        (out.stride(0), out.stride(1), out.stride(2)), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
-        plan.workspace, None, (cache_seqlens, block_table, k_cache.shape[1]),
-        SM_SCALE if softmax_scale is None else softmax_scale)
-    entry = launch(_mla_decode_kernel, grid, tensors, scalars,
-                   dict(constexprs, KV_SCALE_IN_TENSOR=isinstance(k_scale, torch.Tensor)), num_warps, num_stages,
-                   floats=DECODE_FLOATS)
+    target = plan
+    if plan.route["route"] == "hopper_paged" and not tma_can_read(k_cache):
+        # TMA reads 16-byte aligned rows of whole blocks: the portable route reads any other cache
+        if plan.fallback is None:
+            plan.fallback = MlaDecodePlan()
+            _fill_plan(plan.fallback, plan.shape, serving_route_row(plan.shape, [
+                row for row in SERVING_ROUTE_TABLE if row["route"] == "triton_paged"]), block_table, q.device)
+        target = plan.fallback
+    run = SERVING_LAUNCHES[target.route["route"]](target, q, k_cache, block_table, cache_seqlens, k_scale, out, lse,
+                                                  SM_SCALE if softmax_scale is None else softmax_scale)
     if signature is not None:  # a call checked: recorded, with its direct launch where it has one
-        if entry is not None and all(t.data_ptr() % 16 == 0 for t in tensors):
-            plan.launches[signature] = (*entry, scalars)
-        else:
-            plan.launches.setdefault(signature, None)
+        plan.launches[signature] = None if misaligned else run
     return out, lse
 
 # =============================================================================================

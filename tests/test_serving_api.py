@@ -170,12 +170,14 @@ def test_plan_reuse_with_new_lengths_and_tables():
         assert_right(case, out, lse, causal=True, kv="fp8")
 
 
-def test_repeated_calls_of_one_signature_take_each_calls_values():
+@pytest.mark.parametrize("page", [16, 64])
+def test_repeated_calls_of_one_signature_take_each_calls_values(page):
     """Calls of one signature after the first (on a GPU, Triton's launcher straight from the plan)
     read each call's q, lengths, block table and float k_scale, not the first call's."""
     plan = submission.get_mla_decode_metadata()[0]
-    case = make_case(3, 2, 16, 16, [48, 48, 48], kv="fp8", seed=30)  # every row's 3 blocks hold values
-    for step, lens in enumerate([[40, 33, 0], [0, 48, 17], [5, 0, 48]]):
+    full = 3 * page  # every row's 3 blocks hold values
+    case = make_case(3, 2, 16, page, [full] * 3, kv="fp8", seed=30)
+    for step, lens in enumerate([[full - 8, full // 2 + 9, 0], [0, full, 17], [5, 0, full]]):
         gen = torch.Generator().manual_seed(step)
         case["cache_seqlens"] = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
         case["block_table"] = case["block_table"][torch.randperm(3, generator=gen).to(case["block_table"].device)]
@@ -205,34 +207,37 @@ def test_outputs_are_fresh_and_survive_later_calls():
     assert torch.equal(out1, kept[0]) and torch.equal(lse1, kept[1])
 
 
-@pytest.mark.parametrize("kv", ["bf16", "fp8"])
-def test_poison_bad_block_ids_and_lengths(kv):
+# Page 64 takes the Hopper route on an H100/H200 for an fp8 cache (SERVING_ROUTE_TABLE), page 16
+# the portable one everywhere.
+@pytest.mark.parametrize("kv,page", [("bf16", 16), ("fp8", 16), ("fp8", 64)])
+def test_poison_bad_block_ids_and_lengths(kv, page):
     """A used block id outside the cache, a negative length, a length past the block table: that
     request's out is NaN; the others stay right."""
-    case = make_case(4, 1, 16, 16, [30, 30, 30, 30], kv=kv, seed=9, max_blocks=2)
+    n = page + 14
+    case = make_case(4, 1, 16, page, [n, n, n, n], kv=kv, seed=9, max_blocks=2)
     num_blocks = case["k_cache"].shape[0]
-    case["block_table"][0, 1] = num_blocks  # used (token 16..29), one past the cache
+    case["block_table"][0, 1] = num_blocks  # used (tokens page ... n - 1), one past the cache
     case["block_table"][1, 0] = -5
     lens = case["cache_seqlens"].clone()
     lens[2] = -1
-    lens[3] = 33  # two blocks hold 32 tokens
+    lens[3] = 2 * page + 1  # two blocks hold 2 * page tokens
     out, lse = run(case, cache_seqlens=lens)
     for b in range(4):
         assert torch.isnan(out[b]).all() and torch.isnan(lse[b]).all(), b
-    good = make_case(2, 1, 16, 16, [30, 12], kv=kv, seed=10)
+    good = make_case(2, 1, 16, page, [n, 12], kv=kv, seed=10)
     good["block_table"][1, 1] = num_blocks + 7  # past request 1's used blocks: never read
     out, lse = run(good)
     assert_right(good, out, lse, kv=kv)
 
 
-@pytest.mark.parametrize("kv", ["bf16", "fp8"])
-def test_nan_in_q_or_in_an_attended_token_stays_visible(kv):
-    case = make_case(2, 2, 4, 16, [20, 20], kv=kv, seed=11)
+@pytest.mark.parametrize("kv,page", [("bf16", 16), ("fp8", 16), ("fp8", 64)])
+def test_nan_in_q_or_in_an_attended_token_stays_visible(kv, page):
+    case = make_case(2, 2, 4, page, [20, 20], kv=kv, seed=11)
     case["q"][0, 1, 2, 7] = float("nan")
     out, lse = run(case)
     assert not torch.isfinite(out[0, 1, 2]).all()
     assert torch.isfinite(out[1]).all()
-    case = make_case(2, 1, 4, 16, [20, 20], kv=kv, seed=12)
+    case = make_case(2, 1, 4, page, [20, 20], kv=kv, seed=12)
     block = case["block_table"][1, 0]
     if kv == "fp8":
         case["k_cache"].view(torch.uint8)[block, 3, 0, 5] = 0x7F
@@ -242,8 +247,9 @@ def test_nan_in_q_or_in_an_attended_token_stays_visible(kv):
     assert not torch.isfinite(out[1]).all() and torch.isfinite(out[0]).all()
 
 
-def test_k_scale_as_tensor_or_float():
-    case = make_case(2, 1, 16, 16, [20, 30], kv="fp8", seed=13)
+@pytest.mark.parametrize("page", [16, 64])
+def test_k_scale_as_tensor_or_float(page):
+    case = make_case(2, 1, 16, page, [20, 30], kv="fp8", seed=13)
     ref_out, ref_lse = run(case)
     for scale in (torch.tensor(case["k_scale"], dtype=torch.float32, device=DEVICE),
                   torch.tensor([case["k_scale"]], dtype=torch.float32, device=DEVICE)):
@@ -317,8 +323,30 @@ def test_bad_input_is_a_value_error_naming_the_field(name, field, overrides):
     assert plan.shape is None, "a refused call must leave the plan empty"
 
 
+ROUTE_PARAMS = {"triton_paged": {"block_n", "num_warps", "num_stages"},
+                "hopper_paged": {"num_warps", "num_stages", "waves", "min_chunk"}}
+
+
 def test_serving_route_table_is_data_and_covers_both_caches():
     formats = {row["kv"] for row in submission.SERVING_ROUTE_TABLE}
     assert formats == {"bf16", "fp8"}
     for row in submission.SERVING_ROUTE_TABLE:
-        assert set(row["params"]) == {"block_n", "num_warps", "num_stages"}
+        assert set(row["params"]) == ROUTE_PARAMS[row["route"]], row
+        assert set(row) <= {"kv", "pages", "max_batch", "route", "params"}, row
+    last = {row["kv"]: row for row in submission.SERVING_ROUTE_TABLE}
+    assert all(row["route"] == "triton_paged" and set(row) == {"kv", "route", "params"} for row in last.values()), \
+        "each cache format ends in a catch-all row of the portable route"
+
+
+@pytest.mark.parametrize("shape,hopper,route", [
+    ((128, 1, 16, 64, "fp8", False), True, "hopper_paged"),
+    ((128, 2, 128, 128, "fp8", True), True, "hopper_paged"),
+    ((128, 1, 16, 16, "fp8", False), True, "triton_paged"),  # pages smaller than a tile: gathers
+    ((2048, 1, 16, 64, "fp8", False), True, "triton_paged"),  # more requests than the schedule holds
+    ((128, 1, 16, 64, "bf16", False), True, "triton_paged"),
+    ((128, 1, 16, 64, "fp8", False), False, "triton_paged"),  # no Hopper GPU
+])
+def test_serving_route_row_follows_the_table(monkeypatch, shape, hopper, route):
+    routes = {"triton_paged"} | ({"hopper_paged"} if hopper else set())
+    monkeypatch.setattr(submission, "SERVING_ROUTES", routes)
+    assert submission.serving_route_row(shape)["route"] == route

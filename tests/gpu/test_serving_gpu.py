@@ -7,11 +7,28 @@ import torch
 
 import reference
 import submission
-from test_serving_api import assert_right, make_case
+from test_serving_api import assert_right, make_case, run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU test: needs a CUDA GPU")
 
 BIG = 2**31 + 2**26  # elements: past what a 32-bit offset reaches
+
+
+@pytest.mark.parametrize("lens,page,target", [
+    ([5000, 300, 0, 2000], 64, 4),  # 3, 1, 1 and 2 splits: merges of a few splits
+    ([20000, 100, 7000], 64, 64),  # 32 splits (the cap) and 11: the widest merges
+    ([700, 129, 0, 64], 128, 2),  # pages of two tiles
+    ([1024] * 127 + [65536], 64, None),  # one long request among short ones, the plan's own chunking
+])
+def test_token_balanced_schedule(lens, page, target):
+    """The Hopper route's schedule (on a Hopper GPU; the portable route elsewhere): requests cut
+    into as many splits as their share of the batch's tokens, merged right, causal rows."""
+    case = make_case(len(lens), 2, 16, page, lens, kv="fp8", seed=len(lens))
+    plan = submission.get_mla_decode_metadata()[0]
+    plan.num_splits = target
+    out, lse = run(case, causal=True, plan=plan)
+    assert plan.route["route"] == ("hopper_paged" if submission.HOPPER else "triton_paged")
+    assert_right(case, out, lse, causal=True, kv="fp8")
 
 
 @pytest.mark.parametrize("kv,causal", [("fp8", True), ("bf16", False)])
