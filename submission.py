@@ -11,7 +11,8 @@ Two entry points:
       TRITON_INTERPRET=1) the Triton table is, after one warning line on stderr.
   get_mla_decode_metadata() / mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
       plan, ...)  a paged cache (bf16, or fp8 with k_scale), 1-128 heads, 1-8 query tokens with a
-      causal mask, out and lse, CUDA-graph safe; SERVING_ROUTE_TABLE says which route serves a plan.
+      causal mask, out and lse, CUDA-graph safe; SERVING_ROUTE_TABLE says which route serves a plan
+      (AITER_SERVING_TABLE first where aiter loaded: aiter's decode for the cases it serves).
 The shared core: _mla_decode_kernel (one Triton kernel, generalised by constexprs: contiguous rows
 or a page size, rows per program, causal, cache dtype), decode_launch_args (its argument list for
 both entry points) and launch (the direct launch path).
@@ -1950,6 +1951,8 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False
 #   aiter_a8w8_persistent   mla_decode_stage1_asm_fwd + mla_reduce_v1 called directly over a work
 #                           plan from get_mla_metadata_v1, the fp8 KV seen as pages, fp8 q
 #   aiter_a16w8_persistent  the same calls with bf16 q over the fp8 KV (aiter's a16w8 kernel)
+# and, for the serving API (AITER_SERVING_TABLE), aiter_serving_fp8 / aiter_serving_bf16 over
+# aiter's CSR form of a block table (aiter_serving_csr; NOTES.md h37).
 # aiter's API drifts (docs/runner.md, "Which aiter versions the file was checked against": the
 # runner's f3be04a12 and v0.1.20 of 2026-08-22, read, and every generation between them in the test
 # double). The rule: the compiled ops' parameter lists (stage 1, the reduce) and the metadata
@@ -2342,6 +2345,153 @@ def aiter_a16w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_
     the real q length, as aiter's mla_decode_fwd sizes them."""
     return persistent_decode("aiter_a16w8_persistent", q, None, kv_data, qo_indptr, kv_indptr,
                              config, page_size, num_splits)
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving API on aiter (NOTES.md h37). AITER_SERVING_TABLE (Serving API section) says which
+# plan shapes these serve; every other shape stays on the portable Triton kernel. What they rely
+# on in aiter's source (ROCm/aiter f3be04a12 and e4048607a; docs/api.md, "What serves a call"):
+# - the 16-head q-length-1 decode kernels of gfx950 have no paged build (hsa/gfx950/mla/
+#   mla_asm.csv), so the cache goes to aiter as pages of ONE token: kv_indices lists the cache
+#   rows block * page_size + slot of every attended token (any page size served exactly);
+# - lse is a natural log everywhere in aiter (its stage 2 combines split lse with tl.exp,
+#   mla_reduce_v1 with expf / logf): no conversion. The non-persistent mla_decode_fwd returns
+#   stage 1's own lse when fp8 q runs one split (every aiter); its Triton stage 2 writes the
+#   merged lse only from c849fd5845 (2026-04-16) on, with return_lse=True (f3be04a12 returns an
+#   unwritten torch.empty): "decode_lse" in AITER_SERVING_CAPABILITIES;
+# - a request without tokens has no defined result in aiter's kernels (0 / 0), and aiter checks
+#   no block ids: both are settled here on the GPU after the call (aiter_serving_fix), no sync.
+# Persistent routes (a8w8 / a16w8 through stage 1 + reduce) are not served: at f3be04a12 a tile
+# stage 1 finishes alone gets no lse (mla_reduce_v1 skips tiles of one partial, reduce.cu; stage
+# 1 has no lse parameter), and the a16w8 kernel has no lse build at any version.
+# ---------------------------------------------------------------------------------------------
+# What the loaded aiter can do beyond calling its functions, as far as its API tells: "decode_lse"
+# where mla_reduce_v1 takes num_kv_splits (ff61bb3997, 2026-06-11, the first API change after
+# c849fd5845 this file can read; an aiter between the two is treated as without: Triton serves).
+AITER_SERVING_CAPABILITIES = frozenset(
+    {"decode_lse"} if HAVE_AITER and "num_kv_splits" in AITER_API["mla_reduce_v1"] else ())
+AITER_SERVING_HEADS = NUM_HEADS  # the head count of aiter's 16-head kernels these routes call
+
+
+class AiterServingBuffers:
+    """A plan's fixed buffers for aiter's CSR form of its block table (int32 on the plan's
+    device), allocated by its first call and rewritten by every call, so that a captured graph
+    keeps pointing at them: qo_indptr = arange(batch + 1) (one query row per request, and
+    mla_decode_fwd's split indptr for one split per request: the same values), kv_indptr (batch
+    + 1), kv_indices (batch x capacity entries, capacity = max_blocks x page_size; entries past
+    kv_indptr[-1] hold 0, a row that exists), kv_last_page_lens (ones: pages of one token),
+    positions = arange(batch x capacity), and a float32 (1,) k_scale for a Python-float scale."""
+    __slots__ = ("capacity", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_lens",
+                 "positions", "k_scale")
+
+    def __init__(self, batch, capacity, device):
+        int32 = {"dtype": torch.int32, "device": device}
+        self.capacity = capacity
+        self.qo_indptr = torch.arange(batch + 1, **int32)
+        self.kv_indptr = torch.zeros(batch + 1, **int32)
+        self.kv_indices = torch.zeros(batch * capacity, **int32)
+        self.kv_last_page_lens = torch.ones(batch, **int32)
+        self.positions = torch.arange(batch * capacity, **int32)
+        self.k_scale = torch.ones(1, dtype=torch.float32, device=device)
+
+
+def aiter_serving_csr(buffers, block_table, cache_seqlens, num_blocks, page_size):
+    """Write this call's CSR into `buffers` on the GPU (fixed shapes, no host sync) and return
+    (kv_indices view of batch x capacity entries, bad, empty): bad (batch,) bool marks a request
+    whose length is negative or past its block table's capacity, or whose USED block ids leave
+    [0, num_blocks); empty marks a request of length 0. Lengths are clamped to [0, capacity] and
+    a bad block id's tokens point at row 0, so aiter reads nothing outside the cache; block-table
+    entries past a request's used blocks are never read."""
+    batch, max_blocks = block_table.shape
+    capacity = max_blocks * page_size
+    lengths = cache_seqlens.clamp(0, capacity)
+    ends = buffers.kv_indptr[1:]
+    torch.cumsum(lengths, 0, dtype=torch.int32, out=ends)
+    # entry j of kv_indices: token j - kv_indptr[owner] of request owner
+    positions = buffers.positions[:batch * capacity]
+    owner = torch.searchsorted(ends, positions, right=True, out_int32=True).clamp_(max=batch - 1)
+    token = positions - buffers.kv_indptr[owner]
+    column = torch.div(token, page_size, rounding_mode="floor").clamp_(0, max_blocks - 1)
+    block = block_table[owner, column]
+    valid = (positions < ends[-1]) & (block >= 0) & (block < num_blocks)
+    kv_indices = buffers.kv_indices[:batch * capacity]
+    kv_indices.copy_(torch.where(valid, block * page_size + token % page_size, 0))
+    used_blocks = torch.div(lengths + (page_size - 1), page_size, rounding_mode="floor")
+    in_use = buffers.positions[:max_blocks].unsqueeze(0) < used_blocks.unsqueeze(1)
+    bad_block = (in_use & ((block_table < 0) | (block_table >= num_blocks))).any(dim=1)
+    bad = bad_block | (cache_seqlens < 0) | (cache_seqlens > capacity)
+    return kv_indices, bad, cache_seqlens == 0
+
+
+def aiter_serving_fix(out, lse, bad, empty):
+    """The API's semantics where aiter has none, in place on the fresh out (batch, 1, heads, 512)
+    and lse (batch, heads, 1): a request of length 0 gets out 0 and lse +inf, a bad one NaN."""
+    out.masked_fill_(empty.view(-1, 1, 1, 1), 0.0)
+    lse.masked_fill_(empty.view(-1, 1, 1), math.inf)
+    out.masked_fill_(bad.view(-1, 1, 1, 1), math.nan)
+    lse.masked_fill_(bad.view(-1, 1, 1), math.nan)
+
+
+def aiter_serving_fp8(q_rows, kv_rows, out_rows, csr, kv_indices, softmax_scale, kv_scale):
+    """fp8 cache: mla_decode_fwd with fp8 q (the runner's per-tensor quantiser) and ONE split per
+    request, so that stage 1 writes the output and its own lse (what aiter returns there on every
+    version); the non-persistent fp8 q-length-1 kernel (mla_a8w8_qh16_qseqlen1_gqaratio16), no
+    reduce launch. Returns the (total_q, heads) lse."""
+    q_fp8, q_scale = quantize_q_fp8(q_rows, kv_rows.dtype, "tensor")
+    _, lse = mla_decode_fwd(q_fp8, kv_rows, out_rows, csr.qo_indptr, csr.kv_indptr, kv_indices,
+                            csr.kv_last_page_lens, 1, page_size=1, nhead_kv=NUM_KV_HEADS,
+                            sm_scale=softmax_scale, num_kv_splits=1,
+                            num_kv_splits_indptr=csr.qo_indptr, q_scale=q_scale,
+                            kv_scale=kv_scale)
+    return lse.view(q_rows.shape[0], AITER_SERVING_HEADS)
+
+
+def aiter_serving_bf16(q_rows, kv_rows, out_rows, csr, kv_indices, softmax_scale, kv_scale):
+    """bf16 cache: mla_decode_fwd with bf16 q as given (aiter's non-persistent a16w16 kernel
+    mla_dec_stage1_bf16_a16w16_subQ16_mqa16, aiter choosing the splits from the shapes, never
+    from the lengths: total_kv is kv_indices' fixed size), return_lse=True for stage 2's merged
+    lse ("decode_lse")."""
+    del kv_scale
+    _, lse = mla_decode_fwd(q_rows, kv_rows, out_rows, csr.qo_indptr, csr.kv_indptr, kv_indices,
+                            csr.kv_last_page_lens, 1, page_size=1, nhead_kv=NUM_KV_HEADS,
+                            sm_scale=softmax_scale, return_lse=True)
+    return lse
+
+
+AITER_SERVING_ROUTES = {"aiter_serving_fp8": aiter_serving_fp8,
+                        "aiter_serving_bf16": aiter_serving_bf16}
+
+
+def aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_scale, k_scale):
+    """One mla_decode_with_kvcache call on the plan's aiter route (inputs already checked):
+    the CSR into the plan's buffers, the route, then aiter_serving_fix. Fresh out and lse."""
+    batch, s_q, heads, _ = q.shape
+    num_blocks, page_size = k_cache.shape[:2]
+    capacity = block_table.shape[1] * page_size
+    if plan.aiter is None or plan.aiter.capacity < capacity:  # a wider block table: new buffers
+        plan.aiter = AiterServingBuffers(batch, capacity, q.device)
+    csr = plan.aiter
+    if not k_cache.is_contiguous():
+        raise ValueError(f"k_cache has strides {tuple(k_cache.stride())}: the aiter route "
+                         f"({plan.route['route']}) reads it as contiguous rows; pass .contiguous()")
+    kv_indices, bad, empty = aiter_serving_csr(csr, block_table, cache_seqlens, num_blocks,
+                                               page_size)
+    if isinstance(k_scale, torch.Tensor):
+        kv_scale = k_scale.view(1)
+    elif k_scale is not None:  # a Python float: into the plan's tensor (a GPU fill, no sync)
+        kv_scale = csr.k_scale.fill_(k_scale)
+    else:
+        kv_scale = None
+    out = torch.empty(batch, s_q, heads, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    rows = batch * s_q
+    lse = AITER_SERVING_ROUTES[plan.route["route"]](
+        q.reshape(rows, heads, QK_HEAD_DIM).contiguous(),
+        k_cache.view(num_blocks * page_size, 1, NUM_KV_HEADS, QK_HEAD_DIM),
+        out.view(rows, heads, V_HEAD_DIM), csr, kv_indices,
+        SM_SCALE if softmax_scale is None else float(softmax_scale), kv_scale)
+    lse = lse.reshape(batch, s_q, heads).transpose(1, 2).clone()  # the API's (batch, heads, s_q)
+    aiter_serving_fix(out, lse, bad, empty)
+    return out, lse
 
 
 # =============================================================================================
@@ -2856,6 +3006,26 @@ SERVING_ROUTE_TABLE = [
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
 ]
+# Consulted first, and only where aiter loaded (HAVE_AITER: the MI355X): a row serves a plan whose
+# cache format is "kv", head count in "heads", query tokens in "s_q", when the loaded aiter has
+# every capability in "needs" (AITER_SERVING_CAPABILITIES); the plan falls through to
+# SERVING_ROUTE_TABLE otherwise (other head counts, s_q > 1, the runner's aiter with a bf16 cache).
+# aiter's kernels for these cases, and why no others: the aiter section (NOTES.md h37).
+AITER_SERVING_TABLE = [
+    {"kv": "fp8", "heads": (16,), "s_q": (1,), "needs": (), "route": "aiter_serving_fp8", "params": {}},
+    {"kv": "bf16", "heads": (16,), "s_q": (1,), "needs": ("decode_lse",), "route": "aiter_serving_bf16",
+     "params": {}},
+]
+
+
+def serving_row_serves(row, shape):
+    """Whether a serving table row serves a plan of shape (batch, s_q, h_q, page_size, kv, causal):
+    its cache format, and where the row names them its head counts, query tokens, page sizes,
+    largest batch and the aiter capabilities it needs."""
+    batch, s_q, h_q, page_size, kv_format, _ = shape
+    return (row["kv"] == kv_format and h_q in row.get("heads", (h_q,)) and s_q in row.get("s_q", (s_q,))
+            and page_size in row.get("pages", (page_size,)) and batch <= row.get("max_batch", batch)
+            and AITER_SERVING_CAPABILITIES.issuperset(row.get("needs", ())))
 
 
 class MlaDecodePlan:
@@ -2880,6 +3050,7 @@ class MlaDecodePlan:
         self.workspace = None  # (partials, partial lse, tickets)
         self.launches = {}  # call signature -> its launch (a function of the call's tensors), once checked
         self.fallback = None  # the portable route's plan, for calls whose cache the Hopper route cannot read
+        self.aiter = None  # an aiter route's AiterServingBuffers (MI355X only)
 
     def __repr__(self):
         if self.shape is None:
@@ -3006,16 +3177,19 @@ SERVING_ROUTES = {"triton_paged"} | ({"hopper_paged"} if HOPPER else set())
 
 
 def serving_route_row(shape, table=None):
-    """The first row of the table (SERVING_ROUTE_TABLE) that serves a plan of this shape here."""
-    batch, _, _, page_size, kv_format, _ = shape
-    return next(row for row in (SERVING_ROUTE_TABLE if table is None else table)
-                if row["kv"] == kv_format and row["route"] in SERVING_ROUTES
-                and page_size in row.get("pages", (page_size,)) and batch <= row.get("max_batch", batch))
+    """The first row that serves a plan of this shape here: of the table given, else of
+    AITER_SERVING_TABLE (where aiter loaded) and then SERVING_ROUTE_TABLE."""
+    rows = table if table is not None else (AITER_SERVING_TABLE if HAVE_AITER else []) + SERVING_ROUTE_TABLE
+    return next(row for row in rows if (row["route"] in SERVING_ROUTES or row["route"] in AITER_SERVING_ROUTES)
+                and serving_row_serves(row, shape))
 
 
 def _fill_plan(plan, shape, route, block_table, device):
     """Fix the plan's shape, route, split count and workspace on its first call."""
     batch, s_q, h_q, page_size, _, _ = shape
+    if route["route"] in AITER_SERVING_ROUTES:  # its buffers come with its first call
+        plan.route, plan.shape = route, shape
+        return
     if plan.num_splits is not None and (isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int)
                                         or plan.num_splits < 1):
         raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count >= 1")
@@ -3153,6 +3327,10 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
             raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {plan.shape}, "
                              f"this call is {shape}: use one plan per shape")
         run = None
+    if plan.route["route"] in AITER_SERVING_ROUTES:  # MI355X with aiter (NOTES.md h37)
+        if signature is not None:
+            plan.launches.setdefault(signature, None)
+        return aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_scale, k_scale)
     if q.stride(3) != 1:
         q = q.contiguous()
     batch, s_q, h_q, _ = q.shape

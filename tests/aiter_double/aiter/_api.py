@@ -173,12 +173,12 @@ UNKNOWN_GENERATIONS = ("2099-01",)  # the product must refuse these (aiter route
 FEATURES = {
     "2026-03-04": {},
     "2026-03-16": {"lse": "unwritten"},
-    "2026-06-11": {"lse": "variant", "info_split_cap": "product"},
-    "2026-06-26": {"lse": "variant", "info_split_cap": "sum"},
-    "2026-07-13": {"lse": "variant", "info_split_cap": "sum"},
-    "2026-07-14": {"lse": "variant", "info_split_cap": "sum"},
-    "2026-08-10": {"lse": "variant", "info_split_cap": "sum"},
-    "2099-01": {"lse": "variant", "info_split_cap": "sum"},
+    "2026-06-11": {"lse": "variant", "info_split_cap": "product", "decode_lse": "written"},
+    "2026-06-26": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
+    "2026-07-13": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
+    "2026-07-14": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
+    "2026-08-10": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
+    "2099-01": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
 }
 DEFAULT_GENERATION = "2026-03-04"
 GENERATION_ALIASES = {

@@ -44,8 +44,9 @@ the decode rows the route families use are computed: 16 heads, q length 1.
 
 Later generations (aiter/_api.py sets FEATURES at import, see configure) keep these kernels for
 the rows the routes use (16 heads, q length 1; read at e4048607a, 2026-08-22) and differ below the
-API in two ways the double models: how get_mla_metadata_info_v1 grows reduce_partial_map by
-max_split_per_batch, and what a non-None `lse` does to stage 1's kernel choice.
+API in three ways the double models: how get_mla_metadata_info_v1 grows reduce_partial_map by
+max_split_per_batch, what a non-None `lse` does to stage 1's kernel choice, and which lse the
+non-persistent mla_decode_fwd returns (FEATURES["decode_lse"]). Every lse is a natural log.
 
 Page mode (AITER_DOUBLE_PAGE_MODE, or set_page_mode): "exact" (default) reads every row of every
 page. "first_token" behaves like the suspected fp8 persistent kernel for q length 1 (runner.md
@@ -78,8 +79,15 @@ PAGE_MODES = ("exact", "first_token")
 #   tensor would keep garbage; "variant": aiter looks the kernel up with lse = 1 (ce27de0132,
 #   2026-03-26 on): the kernels of LSE_VARIANTS have such a build, any other is refused with
 #   aiter's "cannot get heuristic kernel".
-FEATURE_VALUES = {"info_split_cap": ("product", "sum"), "lse": ("unwritten", "variant")}
-FEATURES = {"info_split_cap": "product", "lse": "variant"}
+# - "decode_lse": what mla_decode_fwd's NON-persistent mode returns as its lse when its own
+#   Triton stage 2 merges the splits (every call but fp8 q with one split). "unwritten": the
+#   tensor is allocated and never written (f3be04a12's aiter/mla.py: final_lse = torch.empty,
+#   returned as is); "written": with return_lse=True stage 2 writes the merged natural-log lse
+#   (HAS_FINAL_LSE, c849fd5845, 2026-04-16 on), without it None. Either way, fp8 q with one
+#   split returns stage 1's own lse tensor (total_q, 1, heads, 1) (aiter returns attn_lse there).
+FEATURE_VALUES = {"info_split_cap": ("product", "sum"), "lse": ("unwritten", "variant"),
+                  "decode_lse": ("unwritten", "written")}
+FEATURES = {"info_split_cap": "product", "lse": "variant", "decode_lse": "unwritten"}
 
 
 def configure(**features):
@@ -817,5 +825,23 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
         CALLS[fn + ":reduce"] += 1
     for t in range(total_q):
         o[t] = combine(logits[t], lses[t, :, :, 0]).to(o.dtype)
+    # What comes back as the lse (FEATURES["decode_lse"]); every lse here is a natural log, as
+    # aiter's stage 2 (tl.exp) and mla_reduce_v1 (expf / logf) combine them. A batch without KV
+    # gets no defined value from the kernels: the double gives it out NaN (0 / 0), lse -inf.
+    if direct:
+        # aiter: `return logits.view(total_s, nhead, v_head_dim), attn_lse` (stage 1's own lse);
+        # from 2026-04-16 on `final_lse if return_lse else attn_lse`, and no non-persistent fp8
+        # kernel has an lse build (mla_asm.csv's lse column), so that final_lse is not written
+        if return_lse and FEATURES["decode_lse"] == "written":
+            return o, unwritten(total_q, q.device)
+        return o, lses.clone()
+    if FEATURES["decode_lse"] == "unwritten":
+        return logits, unwritten(total_q, q.device)  # f3be04a12: torch.empty, never written
     final_lse = torch.logsumexp(lses[:, :, :, 0], dim=1) if return_lse else None
     return logits, final_lse
+
+
+def unwritten(rows, device):
+    """A (rows, heads) float32 lse tensor aiter allocates and no kernel writes: NaN here, so a
+    caller that reads it fails."""
+    return torch.full((rows, NUM_HEADS), math.nan, dtype=torch.float32, device=device)
