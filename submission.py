@@ -1566,9 +1566,9 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
             if num_splits <= 4:
                 _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
                                WARPS, 4, NUM_HEADS, LATENT)
-            elif num_splits <= 16:
+            elif num_splits <= 8:
                 _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
-                               WARPS, 16, NUM_HEADS, LATENT)
+                               WARPS, 8, NUM_HEADS, LATENT)
             else:
                 _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
                                WARPS, MAX_SPLITS, NUM_HEADS, LATENT)
@@ -1789,7 +1789,7 @@ def _mla_decode_paged_hopper_kernel(
     stride_lse_batch, stride_lse_head, stride_lse_token,
     FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
-    MAX_SPLITS: gl.constexpr = 32, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
+    MAX_SPLITS: gl.constexpr = 16, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
     ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
 ):
     """_hopper_decode over the serving API's pages: grid (row groups, work items); see
@@ -1824,7 +1824,7 @@ def tma_can_read(kv):
 def kv_descriptors(kv):
     """TMA descriptors over the (rows, 576) fp8 cache, rows (rows, 1, 576) or the pages of
     (blocks, page, 1, 576); cached per cache tensor (the last two)."""
-    key = (kv.data_ptr(), kv.shape[:2], kv.stride(0), kv.device)
+    key = (kv.data_ptr(), kv.shape[0], kv.shape[1], kv.stride(0), kv.device)
     descriptors = _KV_DESCRIPTORS.get(key)
     if descriptors is None:
         if len(_KV_DESCRIPTORS) >= 2:
@@ -2990,7 +2990,7 @@ SERVING_MAX_Q_LEN = 8
 SERVING_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 SERVING_ROWS = 16  # query rows (token, head pairs) per program: the MMA's N dimension
 SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its merge than it saves
-SERVING_MAX_SPLITS = 32  # splits of one request at most on the Hopper route (its merge's widest layout)
+SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
 SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
 
 # Which route serves a plan, as data: the first row whose "kv" is the cache's format, whose

@@ -3,7 +3,11 @@ with Gluon, its table rows taken there and skipped elsewhere in favour of the po
 follows each, its inputs refused before any GPU work, and its launch key must tell TMA descriptors
 apart. Its kernel is compiled for sm_90 by tests/test_kernel_report.py and checked numerically on
 an sm_90 GPU by tests/gpu/ (Gluon kernels have no CPU interpreter)."""
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -285,3 +289,33 @@ def test_fp8_descriptors_box_the_cache_rows_in_64_tokens():
     assert latent.base.dtype == torch.float8_e4m3fn and latent.base.data_ptr() == kv.data_ptr()
     assert list(latent.block_shape) == [64, 128] and list(rope.block_shape) == [64, 64]
     submission._KV_DESCRIPTORS.clear()
+
+
+_SM90_COMPILE = """
+import json
+from tools import kernel_report as kr
+import submission
+params = next(row for row in submission.SERVING_ROUTE_TABLE if row["route"] == "hopper_paged")["params"]
+out = []
+for plan in submission.hopper_paged_compile_plan(params, "fp8e4nv", page_sizes=(64, 128)):
+    facts, _ = kr.compile_and_analyse(*kr.complete_plan_entry(plan, kr.TARGETS["sm90"]), kr.TARGETS["sm90"])
+    out.append([plan["constexprs"]["PAGE_SIZE"], plan["constexprs"]["CAUSAL"], facts["spill_parsed"],
+                facts["spill_free"], facts["lds_fits"], facts["spills"]])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="needs Triton's Gluon (3.6)")
+def test_paged_kernel_compiles_for_sm90_without_spills():
+    """The serving API's Hopper kernel (hopper_paged_compile_plan: pages of 64 and 128, causal masks
+    on and off) compiles for sm_90 here, no GPU needed, with no spills and within shared memory
+    (NOTES.md h38). In a process of its own: under the interpreter triton.language's own jit
+    helpers are interpreted functions, which a compile cannot take."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", _SM90_COMPILE], cwd=root, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, TRITON_INTERPRET="0"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [(page, causal) for page, causal, *_ in results] == [(64, False), (64, True), (128, False), (128, True)]
+    for page, causal, parsed, spill_free, lds_fits, spills in results:
+        assert parsed and spill_free and lds_fits, (page, causal, spills)

@@ -16,7 +16,7 @@ BIG = 2**31 + 2**26  # elements: past what a 32-bit offset reaches
 
 @pytest.mark.parametrize("lens,page,target", [
     ([5000, 300, 0, 2000], 64, 4),  # 3, 1, 1 and 2 splits: merges of a few splits
-    ([20000, 100, 7000], 64, 64),  # 32 splits (the cap) and 11: the widest merges
+    ([20000, 100, 7000], 64, 64),  # 16 splits (the cap) and 6: the widest merges
     ([700, 129, 0, 64], 128, 2),  # pages of two tiles
     ([1024] * 127 + [65536], 64, None),  # one long request among short ones, the plan's own chunking
 ])
