@@ -52,7 +52,7 @@ def test_the_strict_check_fails_zeros_nans_and_unwritten_outputs(monkeypatch):
     assert strict_failures(torch.zeros_like(case.expected), case, bound("triton_fp8"))
     assert strict_failures(torch.full_like(case.expected, float("nan")), case, bound("triton_fp8"))
     # a route whose kernel writes nothing returns its poisoned output: NaN everywhere
-    monkeypatch.setattr(submission, "launch", lambda *args: None)
+    monkeypatch.setattr(submission, "launch", lambda *args, **kwargs: None)
     unwritten = run_poisoned(submission.triton_fp8_route, case.data, num_splits=2)
     assert unwritten.isnan().all()
     assert strict_failures(unwritten, case, bound("triton_fp8"))
