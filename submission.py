@@ -15,7 +15,9 @@ Two entry points:
       (AITER_SERVING_TABLE first where aiter loaded: aiter's decode for the cases it serves).
 The shared core: _mla_decode_kernel (one Triton kernel, generalised by constexprs: contiguous rows
 or a page size, rows per program, causal, cache dtype), decode_launch_args (its argument list for
-both entry points) and launch (the direct launch path).
+both entry points) and launch (the direct launch path); on Hopper, _hopper_decode (Gluon: contiguous
+rows for custom_kernel's fp8 rows, or pages of 64-128 tokens with a token-balanced schedule for
+the API's fp8 caches).
 
 Sections, in reading order (each opened by a banner; none refers at import time to a later one):
   constants; input checks; host machinery (launch, caches, workspaces); Triton kernels and their
@@ -1048,7 +1050,8 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
 # V^T that the fp8 wgmma takes as its A operand (4 tokens x 4 dims per thread, the bytes repacked
 # in registers), so both products are fp8 wgmma fed by TMA and nothing is copied back to shared
 # memory (h7). Off Hopper, or where Gluon does not import, the route does not exist and its table
-# rows are skipped (each is followed by a portable row).
+# rows are skipped (each is followed by a portable row). One core (_hopper_decode), two entry
+# kernels: custom_kernel's contiguous rows, and the serving API's pages (h38).
 # =============================================================================================
 try:
     from triton.experimental import gluon
@@ -1898,10 +1901,8 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
     if not HAVE_GLUON:
         return []
     p = dict(keyword_defaults(hopper_fp8_route), **params)
-    latent_layout, rope_layout = hopper_layouts()
     signature = {
-        "Q": "*bf16", "lat_desc": f"tensordesc<fp8e4nv[64, {HOPPER_CHUNK}],{latent_layout!r}>",
-        "rope_desc": f"tensordesc<fp8e4nv[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32",
+        **_hopper_leading_signature(),
         "QO_INDPTR": "*i32", "KV_INDPTR": "*i32", "OUT": "*bf16", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32",
         "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_rows": "i32", "stride_q_token": "i32",
         "stride_o_token": "i32",
@@ -1917,15 +1918,21 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
         "num_warps": p["num_warps"], "num_stages": 1,
     } for cooperative in merges]
 
+
+def _hopper_leading_signature():
+    """The arguments both Hopper kernels open with: q, the cache's two TMA descriptors, the scale."""
+    latent_layout, rope_layout = hopper_layouts()
+    return {"Q": "*bf16", "lat_desc": f"tensordesc<fp8e4nv[64, {HOPPER_CHUNK}],{latent_layout!r}>",
+            "rope_desc": f"tensordesc<fp8e4nv[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32"}
+
+
 def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False, True), batch=128):
     """The serving API's Hopper kernel (sm_90 only), for a page size, causal masks on and off, a
     tensor k_scale; a plan like the route tables' (tools/kernel_report.py, tests)."""
     if not HAVE_GLUON:
         return []
-    latent_layout, rope_layout = hopper_layouts()
     signature = {
-        "Q": "*bf16", "lat_desc": f"tensordesc<fp8e4nv[64, {HOPPER_CHUNK}],{latent_layout!r}>",
-        "rope_desc": f"tensordesc<fp8e4nv[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32",
+        **_hopper_leading_signature(),
         "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
         "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
         **{name: "i32" for name in (
