@@ -1591,6 +1591,7 @@ def _hopper_decode(
     COOPERATIVE_MERGE: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
     KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
     NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
+    TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
 ):
     """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
     _mla_decode_kernel (same partials, lse and tickets; same results within rounding). Both
@@ -2518,7 +2519,7 @@ if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API t
         "aiter_a16w8_persistent": aiter_a16w8_persistent_route,
     })
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
-                        "hopper_fp8": hopper_fp8_compile_plan}
+                        "hopper_fp8": hopper_fp8_compile_plan, "hopper_paged": hopper_paged_compile_plan}
 
 # What each route reads and how it is judged, for every route name a table may hold:
 #   kv_format: the kv_data entry it reads; q_format: how it rounds q before Q.K ("fp8": to fp8,

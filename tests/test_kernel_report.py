@@ -66,7 +66,7 @@ def table_configurations():
     """{label: targets} of every row and candidate of both route tables with a compile plan (the
     aiter table's run on the AMD targets only)."""
     out = {}
-    for table in ("TRITON_ROUTE_TABLE", "AITER_ROUTE_TABLE"):
+    for table in ("TRITON_ROUTE_TABLE", "AITER_ROUTE_TABLE", "SERVING_ROUTE_TABLE"):
         for row in getattr(submission, table):
             for c in [row, *(row.get("candidates") or [])]:
                 if c["route"] in submission.TRITON_COMPILE_PLANS:

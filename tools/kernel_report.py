@@ -90,7 +90,7 @@ TARGET_ALIASES = {"sm_90": "sm90", "sm_90a": "sm90", "sm90a": "sm90", "mi355x": 
                   "mi300x": "gfx942", "h100": "sm90", "h200": "sm90"}
 DEFAULT_TARGETS = ("gfx950", "gfx942", "sm90")
 AITER_TARGETS = {name for name, spec in TARGETS.items() if spec.is_amd}  # where the aiter table is active
-TABLE_NAMES = ("TRITON_ROUTE_TABLE", "AITER_ROUTE_TABLE")
+TABLE_NAMES = ("TRITON_ROUTE_TABLE", "AITER_ROUTE_TABLE", "SERVING_ROUTE_TABLE")
 
 
 def resolve_targets(spec):
@@ -203,7 +203,8 @@ def scan_inline_asm(kernels):
 
 
 def jit_functions_reached(kernel):
-    """Names of the @triton.jit functions a kernel calls, recursively (not the kernel itself)."""
+    """Names of the @triton.jit functions a kernel calls, or passes to a call (a scan's combine
+    function), recursively (not the kernel itself)."""
     names = set()
     seen = set()
     stack = [kernel]
@@ -217,8 +218,10 @@ def jit_functions_reached(kernel):
         except (OSError, TypeError, SyntaxError):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call):
-                target = _resolve_global(node.func, jf.fn.__globals__)
+            if not isinstance(node, ast.Call):
+                continue
+            for used in [node.func, *node.args]:
+                target = _resolve_global(used, jf.fn.__globals__)
                 if target is not None and _is_jit_function(target) and target.fn is not jf.fn:
                     names.add(target.fn.__name__)
                     stack.append(target)

@@ -36,9 +36,11 @@ CLOCK = 'gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.i
 INSERTIONS = [
     ("PARTIAL_LSE, SPLIT_TICKETS,\n    sm_scale_log2, kv_rows, stride_q_token, stride_o_token,",
      "PARTIAL_LSE, SPLIT_TICKETS,\n    TRACE, sm_scale_log2, kv_rows, stride_q_token, stride_o_token,"),
-    ("    split = gl.program_id(1)\n",
-     "    split = gl.program_id(1)\n    t_start = {S}\n    c_start = {C}\n"
-     "    trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
+    ("                   NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N)\n",
+     "                   NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, TRACE=TRACE)\n"),
+    ("        split = pid1\n",
+     "        split = pid1\n        t_start = {S}\n        c_start = {C}\n"
+     "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
     ("_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n    else:\n        gl.thread_barrier()\n",
      "_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n    else:\n        gl.thread_barrier()\n"
      "    t_prologue = {S}\n"
@@ -47,9 +49,9 @@ INSERTIONS = [
     ("        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n",
      "        c0 = {C}\n        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n        c1 = {C}\n"
      "        wait_cycles += c1 - c0\n"),
-    ("        valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n",
+    ("        positions = kv_begin + i * BLOCK_N + tokens\n",
      "        c2 = {C}\n        s_cycles += c2 - c1\n"
-     "        valid = (kv_begin + i * BLOCK_N + tokens) < kv_end\n"),
+     "        positions = kv_begin + i * BLOCK_N + tokens\n"),
     ("        correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)\n",
      "        correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)\n"
      "        c3 = {C}\n        softmax_cycles += c3 - c2\n"),
@@ -58,16 +60,17 @@ INSERTIONS = [
     ("    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n",
      "    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n"
      "    t_loop = {S}\n"),
-    ("\n                 slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n",
-     "\n                 slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n    t_stores = {S}\n"),
-    ("NUM_SPLITS,\n                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n",
-     "NUM_SPLITS,\n                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n"
-     "    t_end = {S}\n    c_end = {C}\n"
-     "    gl.store(trace, t_start)\n    gl.store(trace + 1, t_prologue)\n    gl.store(trace + 2, t_loop)\n"
-     "    gl.store(trace + 3, t_stores)\n    gl.store(trace + 4, t_end)\n"
-     "    gl.store(trace + 5, wait_cycles)\n    gl.store(trace + 6, s_cycles)\n"
-     "    gl.store(trace + 7, softmax_cycles)\n    gl.store(trace + 8, pv_cycles)\n"
-     "    gl.store(trace + 9, c_end - c_start)\n    gl.store(trace + 10, num_tiles.to(gl.int64))\n"),
+    ("\n                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n",
+     "\n                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n"
+     "        t_stores = {S}\n"),
+    ("NUM_SPLITS,\n                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n",
+     "NUM_SPLITS,\n                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n"
+     "        t_end = {S}\n        c_end = {C}\n"
+     "        gl.store(trace, t_start)\n        gl.store(trace + 1, t_prologue)\n"
+     "        gl.store(trace + 2, t_loop)\n        gl.store(trace + 3, t_stores)\n        gl.store(trace + 4, t_end)\n"
+     "        gl.store(trace + 5, wait_cycles)\n        gl.store(trace + 6, s_cycles)\n"
+     "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
+     "        gl.store(trace + 9, c_end - c_start)\n        gl.store(trace + 10, num_tiles.to(gl.int64))\n"),
     ('"SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_rows": "i32",',
      '"SPLIT_TICKETS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32", "kv_rows": "i32",'),
     ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),",
