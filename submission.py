@@ -1336,6 +1336,39 @@ def _store_probs(probs, correction, pt_smem, BLOCK_N: gl.constexpr, NUM_HEADS: g
 
 
 @gluon.jit
+def _stage_q_bf16(q0, q1, q2, q3, qr, q_latent, q_rope):
+    """Q^T as it is (bf16) into shared memory, for a bf16 cache's bf16 products."""
+    q_latent.index(0).store(q0.to(gl.bfloat16))
+    q_latent.index(1).store(q1.to(gl.bfloat16))
+    q_latent.index(2).store(q2.to(gl.bfloat16))
+    q_latent.index(3).store(q3.to(gl.bfloat16))
+    q_rope.store(qr.to(gl.bfloat16))
+    fence_async_shared()
+
+
+@gluon.jit
+def _store_probs_bf16(probs, pt_smem):
+    """P^T (heads x tokens) in bf16 into shared memory, tokens in their own order."""
+    pt_smem.store(gl.permute(probs.to(gl.bfloat16), (1, 0)))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _pv_tile_bf16(kv_latent, first, pt_smem, acc0, acc1, acc2, acc3, correction):
+    """acc_c = acc_c * correction + V_c^T . P^T for a bf16 tile: V_c^T is the ring slot's box read
+    transposed by the MMA itself (16-bit MMAs take an MN-major operand from shared memory), so
+    nothing is repacked in registers; four products in flight."""
+    scale = gl.expand_dims(gl.convert_layout(correction, gl.SliceLayout(0, acc0.type.layout)), 0)
+    p_t = pt_smem.permute((1, 0))
+    acc0 = warpgroup_mma(kv_latent.index(first).permute((1, 0)), p_t, acc0 * scale, is_async=True)
+    acc1 = warpgroup_mma(kv_latent.index(first + 1).permute((1, 0)), p_t, acc1 * scale, is_async=True)
+    acc2 = warpgroup_mma(kv_latent.index(first + 2).permute((1, 0)), p_t, acc2 * scale, is_async=True)
+    acc3 = warpgroup_mma(kv_latent.index(first + 3).permute((1, 0)), p_t, acc3 * scale, is_async=True)
+    return warpgroup_mma_wait(0, deps=(acc0, acc1, acc2, acc3))
+
+
+@gluon.jit
 def _pv_tile(kv_latent, first, pt_smem, acc0, acc1, acc2, acc3, correction2, WARPS: gl.constexpr,
              O_MMA: gl.constexpr, CHUNK: gl.constexpr):
     """acc_c = acc_c * correction + V_c^T . P^T for the four latent chunks of the tile whose first
@@ -1352,12 +1385,16 @@ def _pv_tile(kv_latent, first, pt_smem, acc0, acc1, acc2, acc3, correction2, WAR
 
 
 @gluon.jit
-def _chunks_out(acc0, acc1, acc2, acc3, WARPS: gl.constexpr):
-    """The four accumulators as (128 dims x heads) P.V chunks in the store layout."""
-    return (gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc0, WARPS)), _output_layout(WARPS)),
-            gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc1, WARPS)), _output_layout(WARPS)),
-            gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc2, WARPS)), _output_layout(WARPS)),
-            gl.convert_layout(_hi_plus_lo(_rows_to_dims(acc3, WARPS)), _output_layout(WARPS)))
+def _chunks_out(acc0, acc1, acc2, acc3, WARPS: gl.constexpr, KV_FP8: gl.constexpr = True):
+    """The four accumulators as (128 dims x heads) P.V chunks in the store layout (fp8: rows
+    relabelled back to dims, the P_hi and P_lo columns summed)."""
+    if KV_FP8:
+        acc0 = _hi_plus_lo(_rows_to_dims(acc0, WARPS))
+        acc1 = _hi_plus_lo(_rows_to_dims(acc1, WARPS))
+        acc2 = _hi_plus_lo(_rows_to_dims(acc2, WARPS))
+        acc3 = _hi_plus_lo(_rows_to_dims(acc3, WARPS))
+    return (gl.convert_layout(acc0, _output_layout(WARPS)), gl.convert_layout(acc1, _output_layout(WARPS)),
+            gl.convert_layout(acc2, _output_layout(WARPS)), gl.convert_layout(acc3, _output_layout(WARPS)))
 
 
 @gluon.jit
@@ -1530,14 +1567,14 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
                    PARTIAL_LSE, SPLIT_TICKETS, request, group, work, num_splits, first_work, num_heads, q_len,
                    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
                    stride_lse_token, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                   LATENT: gl.constexpr, CHUNK: gl.constexpr):
+                   LATENT: gl.constexpr, CHUNK: gl.constexpr, KV_FP8: gl.constexpr):
     """The serving API's epilogue. A request of one split writes its rows of out and lse; otherwise
     each split writes a float32 partial and its base-2 lse in slot (group, work item), and the
     split that draws the request's last ticket merges them (_merge_serving, a layout per split
     count class) and resets the ticket. Rows with nothing attended: out 0, lse +inf; `poison`
     (0 or NaN) reaches out and lse."""
     running_sum = gl.sum(row_sums, 0)
-    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS)
+    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS, KV_FP8)
     ROW_LAYOUT: gl.constexpr = running_max.type.layout
     row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, ROW_LAYOUT)
     out_base = OUT + request.to(gl.int64) * stride_o_batch
@@ -1591,6 +1628,7 @@ def _hopper_decode(
     COOPERATIVE_MERGE: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
     KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
     NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
+    KV_FP8: gl.constexpr = True,
     TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
 ):
     """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
@@ -1622,15 +1660,18 @@ def _hopper_decode(
     entries reach outside the cache comes back NaN (_row_poison); on pages, a request whose length
     or block ids are impossible."""
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
-    TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE)
+    KV_DTYPE: gl.constexpr = gl.float8e4nv if KV_FP8 else gl.bfloat16
+    TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) * (1 if KV_FP8 else 2)
+    MMA_K: gl.constexpr = 32 if KV_FP8 else 16  # the MMA's k per instruction: 32 bytes
+    P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 else NUM_HEADS  # fp8 P is two fp8 terms per row
     SERVING: gl.constexpr = PAGE_SIZE > 0
     gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
     gl.static_assert(PAGE_SIZE == 0 or PAGE_SIZE % BLOCK_N == 0, "a tile is read from one page")
     ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                                     instr_shape=[16, NUM_HEADS // (WARPS // 4), 32])
+                                                     instr_shape=[16, NUM_HEADS // (WARPS // 4), MMA_K])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                     instr_shape=[16, 2 * NUM_HEADS, 32])
+                                                     instr_shape=[16, P_COLS, MMA_K])
 
     # Prologue. Every global read it needs is issued before any of them is used: the scale, q and
     # the indptrs; the first TMA issue waits for the indptrs only (one memory latency, h8). Decode
@@ -1670,17 +1711,17 @@ def _hopper_decode(
         kv_end = gl.minimum(kv_end, kv_rows)
         num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
 
-    kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK], lat_desc.layout)
-    kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
+    kv_latent = gl.allocate_shared_memory(KV_DTYPE, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK], lat_desc.layout)
+    kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
     loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for ring_slot in gl.static_range(STAGES):
         mbarrier.init(loaded.index(ring_slot), count=1)
-    q_latent = gl.allocate_shared_memory(gl.float8e4nv, [NUM_CHUNKS, NUM_HEADS, CHUNK],
-                                         gl.NVMMASharedLayout.get_default_for([NUM_HEADS, CHUNK], gl.float8e4nv))
-    q_rope = gl.allocate_shared_memory(gl.float8e4nv, [NUM_HEADS, ROPE],
-                                       gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], gl.float8e4nv))
-    pt_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * NUM_HEADS, BLOCK_N],
-                                        gl.NVMMASharedLayout.get_default_for([2 * NUM_HEADS, BLOCK_N], gl.float8e4nv))
+    q_latent = gl.allocate_shared_memory(KV_DTYPE, [NUM_CHUNKS, NUM_HEADS, CHUNK],
+                                         gl.NVMMASharedLayout.get_default_for([NUM_HEADS, CHUNK], KV_DTYPE))
+    q_rope = gl.allocate_shared_memory(KV_DTYPE, [NUM_HEADS, ROPE],
+                                       gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], KV_DTYPE))
+    pt_smem = gl.allocate_shared_memory(KV_DTYPE, [P_COLS, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([P_COLS, BLOCK_N], KV_DTYPE))
 
     # The first STAGES - 1 tile loads fly while q is quantised. An empty split (a row shorter than
     # the split grid) needs no q; the branch also keeps the quantisation after the issue, ahead of
@@ -1702,17 +1743,21 @@ def _hopper_decode(
                              other=0)
     score_scale = 0.0
     if num_tiles > 0:
-        score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
+        if KV_FP8:
+            score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
+        else:
+            _stage_q_bf16(q0, q1, q2, q3, qr, q_latent, q_rope)
+            score_scale = sm_scale_log2 * kv_scale
     else:
         gl.thread_barrier()
 
     # Tiles.
     running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))
     row_sums = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
-    acc0 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
-    acc1 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
-    acc2 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
-    acc3 = gl.zeros([CHUNK, 2 * NUM_HEADS], gl.float32, layout=O_MMA)
+    acc0 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
+    acc1 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
+    acc2 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
+    acc3 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
     tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
     no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
     if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
@@ -1746,9 +1791,14 @@ def _hopper_decode(
                            WARPS)
         probs, correction, running_max, row_sums = _online_softmax(scores, valid, score_scale, running_max, row_sums,
                                                                    CAUSAL)
-        correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)
-        acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3, correction2,
-                                          WARPS, O_MMA, CHUNK)
+        if KV_FP8:
+            correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)
+            acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
+                                              correction2, WARPS, O_MMA, CHUNK)
+        else:
+            _store_probs_bf16(probs, pt_smem)
+            acc0, acc1, acc2, acc3 = _pv_tile_bf16(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
+                                                   correction)
     for ring_slot in gl.static_range(STAGES):
         mbarrier.invalidate(loaded.index(ring_slot))
 
@@ -1759,7 +1809,7 @@ def _hopper_decode(
                            poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
                            SPLIT_TICKETS, request, group, work, num_splits, first_work, num_heads, q_len,
                            stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                           stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK)
+                           stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK, KV_FP8)
     else:
         out_row = OUT + batch * stride_o_token
         slot_id = batch * NUM_SPLITS + split
@@ -1793,8 +1843,8 @@ def _mla_decode_paged_hopper_kernel(
     stride_lse_batch, stride_lse_head, stride_lse_token,
     FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
-    MAX_SPLITS: gl.constexpr = 16, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
-    ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+    MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
+    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
 ):
     """_hopper_decode over the serving API's pages: grid (row groups, work items); see
     mla_decode_with_kvcache and _serving_work."""
@@ -1803,13 +1853,15 @@ def _mla_decode_paged_hopper_kernel(
                    stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
                    stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
                    stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
-                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N)
+                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8)
 
 
-def hopper_layouts():
-    """Shared layouts of the two TMA boxes: (64 tokens x 128 latent dims), (64 tokens x 64 rope dims)."""
-    return (gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], gl.float8e4nv),
-            gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], gl.float8e4nv))
+def hopper_layouts(dtype="fp8e4nv"):
+    """Shared layouts of the two TMA boxes: (64 tokens x 128 latent dims), (64 tokens x 64 rope
+    dims), of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache."""
+    element = gl.float8e4nv if dtype == "fp8e4nv" else gl.bfloat16
+    return (gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], element),
+            gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], element))
 
 
 # (data_ptr, rows, row stride, device) -> the two TMA descriptors of that cache. A descriptor holds
@@ -1834,7 +1886,7 @@ def kv_descriptors(kv):
         if len(_KV_DESCRIPTORS) >= 2:
             _KV_DESCRIPTORS.clear()
         rows = (kv.flatten(0, 1) if kv.dim() == 4 else kv)[:, 0, :]
-        latent_layout, rope_layout = hopper_layouts()
+        latent_layout, rope_layout = hopper_layouts("bf16" if kv.dtype == torch.bfloat16 else "fp8e4nv")
         descriptors = _KV_DESCRIPTORS[key] = (
             TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK], latent_layout),
             TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, ROPE_DIM], rope_layout))
@@ -1846,18 +1898,20 @@ SM90_REGISTERS_PER_SM = 65536
 SM90_SHARED_PER_SM = 228 * 1024  # bytes; the system reserves 1 KiB of it per resident program
 
 
-def hopper_shared_bytes_bound(num_stages):
-    """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 B per slot),
-    q (16 x 576 B), P^T (32 x 64 B), the barriers and 8 KiB for the compiler's scratch
-    (tests/test_kernel_report.py checks the sm_90 compile stays under it)."""
-    return num_stages * 64 * QK_HEAD_DIM + NUM_HEADS * QK_HEAD_DIM + 2 * NUM_HEADS * 64 + 8 * num_stages + 8192
+def hopper_shared_bytes_bound(num_stages, element_bytes=1):
+    """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 elements per
+    slot), q (16 x 576), P^T (32 x 64 B), the barriers and 8 KiB for the compiler's scratch
+    (tests/test_kernel_report.py checks the sm_90 compile stays under it); element_bytes 2 for a
+    bf16 cache."""
+    return (element_bytes * (num_stages * 64 * QK_HEAD_DIM + NUM_HEADS * QK_HEAD_DIM) + 2 * NUM_HEADS * 64
+            + 8 * num_stages + 8192)
 
 
-def hopper_programs_per_sm(num_warps, num_stages):
+def hopper_programs_per_sm(num_warps, num_stages, element_bytes=1):
     """Programs of the Hopper kernel an SM holds at once whatever ptxas allocates: registers (at
     most 256 per thread: 2 programs of 4 warps, 1 of 8) and shared memory (the bound above)."""
     by_registers = SM90_REGISTERS_PER_SM // (num_warps * 32 * 256)
-    by_shared = SM90_SHARED_PER_SM // (hopper_shared_bytes_bound(num_stages) + 1024)
+    by_shared = SM90_SHARED_PER_SM // (hopper_shared_bytes_bound(num_stages, element_bytes) + 1024)
     return max(1, min(by_registers, by_shared))
 
 
@@ -1920,20 +1974,26 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
     } for cooperative in merges]
 
 
-def _hopper_leading_signature():
+def _hopper_leading_signature(dtype="fp8e4nv"):
     """The arguments both Hopper kernels open with: q, the cache's two TMA descriptors, the scale."""
-    latent_layout, rope_layout = hopper_layouts()
-    return {"Q": "*bf16", "lat_desc": f"tensordesc<fp8e4nv[64, {HOPPER_CHUNK}],{latent_layout!r}>",
-            "rope_desc": f"tensordesc<fp8e4nv[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32"}
+    latent_layout, rope_layout = hopper_layouts(dtype)
+    return {"Q": "*bf16", "lat_desc": f"tensordesc<{dtype}[64, {HOPPER_CHUNK}],{latent_layout!r}>",
+            "rope_desc": f"tensordesc<{dtype}[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32"}
 
 
-def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False, True), batch=128):
-    """The serving API's Hopper kernel (sm_90 only), for a page size, causal masks on and off, a
-    tensor k_scale; a plan like the route tables' (tools/kernel_report.py, tests)."""
+def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False, True), batch=128,
+                              caches=("fp8e4nv", "bf16")):
+    """The serving API's Hopper kernel (sm_90 only), for a page size, causal masks on and off, an
+    fp8 cache with a tensor k_scale and a bf16 one; a plan like the route tables'
+    (tools/kernel_report.py, tests)."""
     if not HAVE_GLUON:
         return []
+    return [entry for cache in caches for entry in _hopper_paged_plan(params, cache, page_sizes, causal, batch)]
+
+
+def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
     signature = {
-        **_hopper_leading_signature(),
+        **_hopper_leading_signature(cache),
         "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
         "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
         **{name: "i32" for name in (
@@ -1946,7 +2006,8 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False
         "constexprs": {**keyword_defaults(_mla_decode_paged_hopper_kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
                        "PAGE_SIZE": page, "STAGES": params["num_stages"], "WARPS": params["num_warps"],
                        "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
-                       "MAX_SPLITS": SERVING_MAX_SPLITS},
+                       "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
+                       "KV_SCALE_IN_TENSOR": cache == "fp8e4nv"},
         "aligned_args": [name for name, kind in signature.items() if kind[0] == "*"],
         "num_warps": params["num_warps"], "num_stages": 1,
     } for page in page_sizes for c in causal]
@@ -3011,6 +3072,8 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 SERVING_ROUTE_TABLE = [
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
+    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
 ]
@@ -3205,7 +3268,8 @@ def _fill_plan(plan, shape, route, block_table, device):
     params = route["params"]
     if route["route"] == "hopper_paged":
         if plan.num_splits is None:  # the batch's chunks: one per program slot of the GPU
-            slots = sm_count(device) * hopper_programs_per_sm(params["num_warps"], params["num_stages"])
+            slots = sm_count(device) * hopper_programs_per_sm(params["num_warps"], params["num_stages"],
+                                                              2 if shape[4] == "bf16" else 1)
             plan.num_splits = max(1, params["waves"] * slots // groups)
         slots = groups * (plan.num_splits + batch)  # work items: at most a chunk count plus one per request
     else:
@@ -3252,16 +3316,18 @@ def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out,
 def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
     """_mla_decode_paged_hopper_kernel over the pages (TMA descriptors of the cache as blocks x page
     rows): launch it for this call; return how the calls of this signature launch it, or None."""
-    batch, s_q, h_q, page_size, _, causal = plan.shape
+    batch, s_q, h_q, page_size, kv_format, causal = plan.shape
     params = plan.route["params"]
     groups = triton.cdiv(s_q * h_q, SERVING_ROWS)
     partial_o, partial_lse, tickets = plan.workspace
     scale_tensor = isinstance(k_scale, torch.Tensor)
+    scale_fixed = scale_tensor or k_scale is None  # a float k_scale is a scalar of each call
     latent_desc, rope_desc = kv_descriptors(k_cache)
     constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, "STAGES": params["num_stages"],
                   "WARPS": params["num_warps"], "CAUSAL": causal and s_q > 1, "KV_SCALE_IN_TENSOR": scale_tensor,
-                  "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS}
-    scalars = (sm_scale * LOG2E, 1.0 if scale_tensor else float(k_scale), k_cache.shape[0] * page_size,
+                  "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
+                  "KV_FP8": kv_format == "fp8"}
+    scalars = (sm_scale * LOG2E, 1.0 if scale_fixed else float(k_scale), k_cache.shape[0] * page_size,
                k_cache.shape[0], block_table.shape[1] * page_size, batch, plan.num_splits, params["min_chunk"], h_q,
                s_q, q.stride(0), q.stride(1), q.stride(2), block_table.stride(0), out.stride(0), out.stride(1),
                out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
@@ -3279,7 +3345,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     descriptors = [k_cache.data_ptr(), latent_desc, rope_desc]  # the last cache's, rebuilt when it moves
 
     def run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
-        values = scalars if scale_tensor else (scalars[0], float(k_scale), *scalars[2:])
+        values = scalars if scale_fixed else (scalars[0], float(k_scale), *scalars[2:])
         if k_cache.data_ptr() != descriptors[0]:
             descriptors[:] = [k_cache.data_ptr(), *kv_descriptors(k_cache)]
         run_compiled(q, descriptors[1], descriptors[2], k_scale if scale_tensor else tickets, cache_seqlens,

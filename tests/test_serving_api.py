@@ -207,9 +207,9 @@ def test_outputs_are_fresh_and_survive_later_calls():
     assert torch.equal(out1, kept[0]) and torch.equal(lse1, kept[1])
 
 
-# Page 64 takes the Hopper route on an H100/H200 for an fp8 cache (SERVING_ROUTE_TABLE), page 16
-# the portable one everywhere.
-@pytest.mark.parametrize("kv,page", [("bf16", 16), ("fp8", 16), ("fp8", 64)])
+# Page 64 takes the Hopper route on an H100/H200 (SERVING_ROUTE_TABLE), page 16 the portable one
+# everywhere.
+@pytest.mark.parametrize("kv,page", [("bf16", 16), ("fp8", 16), ("bf16", 64), ("fp8", 64)])
 def test_poison_bad_block_ids_and_lengths(kv, page):
     """A used block id outside the cache, a negative length, a length past the block table: that
     request's out is NaN; the others stay right."""
@@ -230,7 +230,7 @@ def test_poison_bad_block_ids_and_lengths(kv, page):
     assert_right(good, out, lse, kv=kv)
 
 
-@pytest.mark.parametrize("kv,page", [("bf16", 16), ("fp8", 16), ("fp8", 64)])
+@pytest.mark.parametrize("kv,page", [("bf16", 16), ("fp8", 16), ("bf16", 64), ("fp8", 64)])
 def test_nan_in_q_or_in_an_attended_token_stays_visible(kv, page):
     case = make_case(2, 2, 4, page, [20, 20], kv=kv, seed=11)
     case["q"][0, 1, 2, 7] = float("nan")
@@ -343,7 +343,8 @@ def test_serving_route_table_is_data_and_covers_both_caches():
     ((128, 2, 128, 128, "fp8", True), True, "hopper_paged"),
     ((128, 1, 16, 16, "fp8", False), True, "triton_paged"),  # pages smaller than a tile: gathers
     ((2048, 1, 16, 64, "fp8", False), True, "triton_paged"),  # more requests than the schedule holds
-    ((128, 1, 16, 64, "bf16", False), True, "triton_paged"),
+    ((128, 1, 16, 64, "bf16", False), True, "hopper_paged"),
+    ((128, 4, 3, 16, "bf16", True), True, "triton_paged"),
     ((128, 1, 16, 64, "fp8", False), False, "triton_paged"),  # no Hopper GPU
 ])
 def test_serving_route_row_follows_the_table(monkeypatch, shape, hopper, route):
