@@ -1031,6 +1031,26 @@ def triton_mxfp4_compile_plan(params, fp8_dtype):
     }]
 
 
+def triton_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(False, True)):
+    """The serving API's portable rows (SERVING_ROUTE_TABLE, "triton_paged"): _mla_decode_kernel on
+    pages of 16 (a block id per token) and 64 (one per tile), causal masks on and off, lse
+    written, 2 splits, for the cache format params["kv"] (tools/kernel_report.py adds a serving
+    row's "kv" to its params). AMD targets only: there these rows serve every API case aiter
+    does not; on sm_90 the API's pages of 64 and 128 take hopper_paged, and these configs spill
+    at 8 warps (up to 336 B: NOTES.md h38d)."""
+    kv = params.get("kv", "fp8")
+    launch_params = {"num_splits": 2, **{name: value for name, value in params.items() if name != "kv"}}
+    entries = []
+    for page in page_sizes:
+        for c in causal:
+            (entry,) = triton_fp8_compile_plan(launch_params, fp8_dtype)
+            entry["signature"].update(LSE="*fp32", **({"KV": "*bf16"} if kv == "bf16" else {}))
+            entry["constexprs"].update(PAGE_SIZE=page, CAUSAL=c, WRITE_LSE=True, KV_FP8=kv == "fp8",
+                                       KV_SCALE_IN_TENSOR=False)
+            entries.append(dict(entry, targets=["gfx950", "gfx942"]))
+    return entries
+
+
 def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
     """[{kernel, signature, constexprs, aligned_args, num_warps, num_stages[, range32_args]
     [, targets]}] for one route-table row, exactly what its route launches; "targets"
@@ -1984,10 +2004,12 @@ def _hopper_leading_signature(dtype="fp8e4nv"):
 def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False, True), batch=128,
                               caches=("fp8e4nv", "bf16")):
     """The serving API's Hopper kernel (sm_90 only), for a page size, causal masks on and off, an
-    fp8 cache with a tensor k_scale and a bf16 one; a plan like the route tables'
-    (tools/kernel_report.py, tests)."""
+    fp8 cache with a tensor k_scale and a bf16 one (only params["kv"]'s where given, as
+    tools/kernel_report.py gives a serving row's); a plan like the route tables'."""
     if not HAVE_GLUON:
         return []
+    if "kv" in params:
+        caches = ("fp8e4nv" if params["kv"] == "fp8" else "bf16",)
     return [entry for cache in caches for entry in _hopper_paged_plan(params, cache, page_sizes, causal, batch)]
 
 
@@ -2580,7 +2602,8 @@ if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API t
         "aiter_a16w8_persistent": aiter_a16w8_persistent_route,
     })
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
-                        "hopper_fp8": hopper_fp8_compile_plan, "hopper_paged": hopper_paged_compile_plan}
+                        "hopper_fp8": hopper_fp8_compile_plan, "hopper_paged": hopper_paged_compile_plan,
+                        "triton_paged": triton_paged_compile_plan}
 
 # What each route reads and how it is judged, for every route name a table may hold:
 #   kv_format: the kv_data entry it reads; q_format: how it rounds q before Q.K ("fp8": to fp8,

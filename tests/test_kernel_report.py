@@ -69,6 +69,8 @@ def table_configurations():
     for table in ("TRITON_ROUTE_TABLE", "AITER_ROUTE_TABLE", "SERVING_ROUTE_TABLE"):
         for row in getattr(submission, table):
             for c in [row, *(row.get("candidates") or [])]:
+                if table == "SERVING_ROUTE_TABLE":  # compiled for its cache format (kernel_report.discover_rows)
+                    c = {"route": c["route"], "params": dict(c["params"], kv=row["kv"])}
                 if c["route"] in submission.TRITON_COMPILE_PLANS:
                     targets = kr.AITER_TARGETS if table == "AITER_ROUTE_TABLE" else set(kr.TARGETS)
                     out.setdefault(label(c), set()).update(targets)

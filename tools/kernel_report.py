@@ -268,6 +268,8 @@ def discover_rows(tables, compiled_routes):
                 if candidate["route"] not in compiled_routes:
                     continue
                 params = dict(candidate.get("params") or {})
+                if table_name == "SERVING_ROUTE_TABLE":  # a serving row serves one cache format: compile that
+                    params["kv"] = row["kv"]
                 entry = rows.setdefault((candidate["route"], _params_key(params)), {
                     "route": candidate["route"], "params": params,
                     "label": submission.route_label({"route": candidate["route"], "params": params}),
