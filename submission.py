@@ -3291,9 +3291,9 @@ def _fill_plan(plan, shape, route, block_table, device):
     params = route["params"]
     if route["route"] == "hopper_paged":
         if plan.num_splits is None:  # the batch's chunks: one per program slot of the GPU
-            slots = sm_count(device) * hopper_programs_per_sm(params["num_warps"], params["num_stages"],
-                                                              2 if shape[4] == "bf16" else 1)
-            plan.num_splits = max(1, params["waves"] * slots // groups)
+            resident = sm_count(device) * hopper_programs_per_sm(params["num_warps"], params["num_stages"],
+                                                                 2 if shape[4] == "bf16" else 1)
+            plan.num_splits = max(1, params["waves"] * resident // groups)
         slots = groups * (plan.num_splits + batch)  # work items: at most a chunk count plus one per request
     else:
         if plan.num_splits is None:
