@@ -41,8 +41,8 @@ INSERTIONS = [
     ("        split = pid1\n",
      "        split = pid1\n        t_start = {S}\n        c_start = {C}\n"
      "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
-    ("_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n    else:\n        gl.thread_barrier()\n",
-     "_quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)\n    else:\n        gl.thread_barrier()\n"
+    ("            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n",
+     "            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n"
      "    t_prologue = {S}\n"
      "    wait_cycles = c_start * 0\n    s_cycles = c_start * 0\n    softmax_cycles = c_start * 0\n"
      "    pv_cycles = c_start * 0\n"),
@@ -52,11 +52,12 @@ INSERTIONS = [
     ("        positions = kv_begin + i * BLOCK_N + tokens\n",
      "        c2 = {C}\n        s_cycles += c2 - c1\n"
      "        positions = kv_begin + i * BLOCK_N + tokens\n"),
-    ("        correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)\n",
-     "        correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)\n"
-     "        c3 = {C}\n        softmax_cycles += c3 - c2\n"),
-    ("correction2,\n                                          WARPS, O_MMA, CHUNK)\n",
-     "correction2,\n                                          WARPS, O_MMA, CHUNK)\n        pv_cycles += {C} - c3\n"),
+    ("            correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)\n",
+     "            correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)\n"
+     "            c3 = {C}\n            softmax_cycles += c3 - c2\n"),
+    ("                                              correction2, WARPS, O_MMA, CHUNK)\n",
+     "                                              correction2, WARPS, O_MMA, CHUNK)\n"
+     "            pv_cycles += {C} - c3\n"),
     ("    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n",
      "    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n"
      "    t_loop = {S}\n"),
