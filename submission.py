@@ -2255,9 +2255,10 @@ def _contiguous_kv(route, field, kv):
 
 def quantize_q_fp8(q, fp8_dtype, q_scale):
     """bf16 q -> (fp8 q, float32 scale of shape (1,)) with no host sync; q_scale ("tensor" or
-    "unit") is described above the route tables. The fp8 buffer is cached per (rows, dtype, device) and rewritten by
-    each call: the previous call's kernels, queued before this one on the device, read it first."""
-    key = (q.shape[0], fp8_dtype, q.device)
+    "unit") is described above the route tables. The fp8 buffer is cached per (q's shape, dtype, device: the
+    serving routes call it at several head counts) and rewritten by each call: the previous call's kernels,
+    queued before this one on the device, read it first."""
+    key = (tuple(q.shape), fp8_dtype, q.device)
     buffers = _Q_FP8.get(key)
     if buffers is None:
         buffers = _Q_FP8[key] = (torch.empty(q.shape, dtype=fp8_dtype, device=q.device),
@@ -2459,9 +2460,12 @@ def aiter_a16w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_
 # What the loaded aiter can do beyond calling its functions, as far as its API tells: "decode_lse"
 # where mla_reduce_v1 takes num_kv_splits (ff61bb3997, 2026-06-11, the first API change after
 # c849fd5845 this file can read; an aiter between the two is treated as without: Triton serves).
+# "fp8_8_heads": the same signal, for the non-persistent fp8 8-head q-length-1 kernel
+# (mla_a8w8_qh8_qseqlen1_gqaratio8_v3, 78dad4ca34, 2026-05-06; absent at f3be04a12). Which head
+# counts each route serves: AITER_SERVING_TABLE's "heads" (NOTES.md h37a).
 AITER_SERVING_CAPABILITIES = frozenset(
-    {"decode_lse"} if HAVE_AITER and "num_kv_splits" in AITER_API["mla_reduce_v1"] else ())
-AITER_SERVING_HEADS = NUM_HEADS  # the head count of aiter's 16-head kernels these routes call
+    {"decode_lse", "fp8_8_heads"} if HAVE_AITER and "num_kv_splits" in AITER_API["mla_reduce_v1"]
+    else ())
 
 
 class AiterServingBuffers:
@@ -2526,20 +2530,24 @@ def aiter_serving_fix(out, lse, bad, empty):
 def aiter_serving_fp8(q_rows, kv_rows, out_rows, csr, kv_indices, softmax_scale, kv_scale):
     """fp8 cache: mla_decode_fwd with fp8 q (the runner's per-tensor quantiser) and ONE split per
     request, so that stage 1 writes the output and its own lse (what aiter returns there on every
-    version); the non-persistent fp8 q-length-1 kernel (mla_a8w8_qh16_qseqlen1_gqaratio16), no
-    reduce launch. Returns the (total_q, heads) lse."""
+    version); the non-persistent fp8 kernel of the head count (mla_a8w8_qh16_qseqlen1_gqaratio16,
+    mla_a8w8_qh128_m32x4_n16x2_msk1, mla_a8w8_qh8_qseqlen1_gqaratio8_v3), no reduce launch.
+    Returns the (total_q, heads) lse."""
     q_fp8, q_scale = quantize_q_fp8(q_rows, kv_rows.dtype, "tensor")
     _, lse = mla_decode_fwd(q_fp8, kv_rows, out_rows, csr.qo_indptr, csr.kv_indptr, kv_indices,
                             csr.kv_last_page_lens, 1, page_size=1, nhead_kv=NUM_KV_HEADS,
                             sm_scale=softmax_scale, num_kv_splits=1,
                             num_kv_splits_indptr=csr.qo_indptr, q_scale=q_scale,
                             kv_scale=kv_scale)
-    return lse.view(q_rows.shape[0], AITER_SERVING_HEADS)
+    return lse.view(q_rows.shape[0], q_rows.shape[1])
 
 
 def aiter_serving_bf16(q_rows, kv_rows, out_rows, csr, kv_indices, softmax_scale, kv_scale):
-    """bf16 cache: mla_decode_fwd with bf16 q as given (aiter's non-persistent a16w16 kernel
-    mla_dec_stage1_bf16_a16w16_subQ16_mqa16, aiter choosing the splits from the shapes, never
+    """bf16 cache: mla_decode_fwd with bf16 q as given (aiter's non-persistent a16w16 kernel of
+    the head count: mla_dec_stage1_bf16_a16w16_subQ16_mqa16, mla_a16w16_qh64_qseqlen1_gqaratio64_v3,
+    mla_dec_stage1_bf16_a16w16_subQ128_mqa128; at these three aiter's Triton stage 2 runs for any
+    split count, so its lse is written; not 8 / 32 heads, whose one-split shortcut returns an lse
+    no kernel writes), aiter choosing the splits from the shapes, never
     from the lengths: total_kv is kv_indices' fixed size), return_lse=True for stage 2's merged
     lse ("decode_lse")."""
     del kv_scale
@@ -3104,10 +3112,13 @@ SERVING_ROUTE_TABLE = [
 # cache format is "kv", head count in "heads", query tokens in "s_q", when the loaded aiter has
 # every capability in "needs" (AITER_SERVING_CAPABILITIES); the plan falls through to
 # SERVING_ROUTE_TABLE otherwise (other head counts, s_q > 1, the runner's aiter with a bf16 cache).
+# Head counts: the non-persistent kernels for one query token (NOTES.md h37a).
 # aiter's kernels for these cases, and why no others: the aiter section (NOTES.md h37).
 AITER_SERVING_TABLE = [
-    {"kv": "fp8", "heads": (16,), "s_q": (1,), "needs": (), "route": "aiter_serving_fp8", "params": {}},
-    {"kv": "bf16", "heads": (16,), "s_q": (1,), "needs": ("decode_lse",), "route": "aiter_serving_bf16",
+    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "needs": (), "route": "aiter_serving_fp8", "params": {}},
+    {"kv": "fp8", "heads": (8,), "s_q": (1,), "needs": ("fp8_8_heads",), "route": "aiter_serving_fp8",
+     "params": {}},
+    {"kv": "bf16", "heads": (16, 64, 128), "s_q": (1,), "needs": ("decode_lse",), "route": "aiter_serving_bf16",
      "params": {}},
 ]
 

@@ -27,6 +27,17 @@ TODAY_GENERATION = "2026-08-10"  # aiter e4048607a, v0.1.20.post1
 DECODE_LSE = {"2026-03-04": False, "2026-03-16": False, "2026-06-11": True, "2026-06-26": True,
               "2026-07-13": True, "2026-07-14": True, TODAY_GENERATION: True}
 GENERATIONS = tuple(DECODE_LSE)
+# The head counts aiter serves for one query token (non-persistent mla_decode_fwd with an lse;
+# NOTES.md h37a): fp8 16 / 128 on every generation, 8 from the kernel table the decode-lse
+# generations have; bf16 16 / 64 / 128 where the lse is written. Stated here, not read from code.
+FP8_HEADS = {True: (8, 16, 128), False: (16, 128)}
+BF16_HEADS = {True: (16, 64, 128), False: ()}
+KERNELS = {("fp8", 8): "mla_a8w8_qh8_qseqlen1_gqaratio8_v3",
+           ("fp8", 16): "mla_a8w8_qh16_qseqlen1_gqaratio16",
+           ("fp8", 128): "mla_a8w8_qh128_m32x4_n16x2_msk1",
+           ("bf16", 16): "mla_dec_stage1_bf16_a16w16_subQ16_mqa16",
+           ("bf16", 64): "mla_a16w16_qh64_qseqlen1_gqaratio64_v3",
+           ("bf16", 128): "mla_dec_stage1_bf16_a16w16_subQ128_mqa128"}
 _LOADED = {}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -81,16 +92,18 @@ def test_the_expectations_cover_every_generation_the_double_models():
 
 @pytest.mark.parametrize("generation", GENERATIONS)
 def test_the_table_sends_each_case_where_it_is_served(generation):
-    """aiter for the 16-head single-token cases it serves with an lse; Triton for the rest."""
+    """aiter for the single-token head counts it serves with an lse; Triton for the rest."""
     mod = _load(generation).module
-    bf16 = "aiter_serving_bf16" if DECODE_LSE[generation] else "triton_paged"
-    assert mod.AITER_SERVING_CAPABILITIES == ({"decode_lse"} if DECODE_LSE[generation] else set())
-    for page in (1, 64):
-        assert _route_of(mod, "fp8", 16, 1, page) == "aiter_serving_fp8"
-        assert _route_of(mod, "bf16", 16, 1, page) == bf16
+    lse = DECODE_LSE[generation]
+    assert mod.AITER_SERVING_CAPABILITIES == ({"decode_lse", "fp8_8_heads"} if lse else set())
+    served = {"fp8": FP8_HEADS[lse], "bf16": BF16_HEADS[lse]}
     for kv in ("fp8", "bf16"):
-        for heads, s_q in ((1, 1), (3, 1), (64, 1), (128, 1), (16, 2), (16, 8), (128, 4)):
-            assert _route_of(mod, kv, heads, s_q) == "triton_paged", (kv, heads, s_q)
+        for heads in (1, 3, 8, 16, 24, 32, 48, 64, 96, 128, 256):
+            want = f"aiter_serving_{kv}" if heads in served[kv] else "triton_paged"
+            for page in (1, 64):
+                assert _route_of(mod, kv, heads, 1, page) == want, (kv, heads, page)
+            for s_q in (2, 4, 8):  # more than one query token: Triton at every head count
+                assert _route_of(mod, kv, heads, s_q) == "triton_paged", (kv, heads, s_q)
 
 
 @pytest.mark.parametrize("generation", [None, "2099-01"])
@@ -126,6 +139,57 @@ def test_every_aiter_route_is_strict_on_every_generation(generation, kv, page, r
     assert calls[0]["kernel"] == ("mla_a8w8_qh16_qseqlen1_gqaratio16" if kv == "fp8"
                                   else "mla_dec_stage1_bf16_a16w16_subQ16_mqa16")
     assert calls[0]["direct"] == (kv == "fp8")  # fp8: one split, stage 1 writes out and lse
+
+
+def _head_cases():
+    for generation in (RUNNER_GENERATION, TODAY_GENERATION):
+        lse = DECODE_LSE[generation]
+        for kv, heads in [("fp8", h) for h in FP8_HEADS[lse]] + [("bf16", h) for h in BF16_HEADS[lse]]:
+            if heads != 16:
+                yield generation, kv, heads
+
+
+@pytest.mark.parametrize("generation,kv,heads", list(_head_cases()))
+def test_every_served_head_count_is_strict(generation, kv, heads, reference):
+    """The head counts past 16: aiter's kernel for that count (the double's table of the
+    generation), check_serving's strict bounds against float64, a request of length 0 included."""
+    loaded = _load(generation)
+    inputs, expected = _input(reference, kv, 16, batch=3, kv_len=48, heads=heads)
+    loaded.aiter.reset()
+    out, lse, plan = _call(loaded.module, inputs)
+    assert plan.route["route"] == f"aiter_serving_{kv}"
+    ok, message = reference.check_serving(inputs, out, lse, expected)
+    assert ok, message
+    calls = [facts for fn, facts in loaded.aiter.LOG if fn == "mla_decode_fwd"]
+    assert len(calls) == 1 and calls[0]["heads"] == heads
+    assert calls[0]["kernel"] == KERNELS[kv, heads]
+    assert calls[0]["direct"] == (kv == "fp8")
+
+
+@pytest.mark.parametrize("generation", [RUNNER_GENERATION, TODAY_GENERATION])
+def test_the_double_refuses_the_head_counts_aiter_refuses(generation):
+    """fp8 q without a plan: 8 heads has no kernel at f3be04a12, 32 none at either (aiter's own
+    persistent-only check at f3be04a12, no table row at e4048607a), 64 aiter's persistent-only
+    check at e4048607a (no row at f3be04a12)."""
+    loaded = _load(generation)
+    today = generation == TODAY_GENERATION
+    refusals = {8: None if today else "cannot get heuristic kernel",
+                32: "cannot get heuristic kernel" if today else "decode_qlen=4 in persistent mode",
+                64: "only supports persistent mode" if today else "cannot get heuristic kernel"}
+    for heads, message in refusals.items():
+        q = torch.randn(2, heads, 576).to(torch.float8_e4m3fn)
+        rows = torch.randn(8, 1, 1, 576).to(torch.float8_e4m3fn)
+        out = torch.empty(2, heads, 512, dtype=torch.bfloat16)
+        qo = torch.arange(3, dtype=torch.int32)
+        args = (q, rows, out, qo, torch.tensor([0, 3, 8], dtype=torch.int32),
+                torch.arange(8, dtype=torch.int32), torch.ones(2, dtype=torch.int32), 1)
+        kwargs = dict(page_size=1, nhead_kv=1, num_kv_splits=1, num_kv_splits_indptr=qo,
+                      q_scale=torch.ones(1), kv_scale=torch.ones(1))
+        if message is None:
+            loaded.module.mla_decode_fwd(*args, **kwargs)
+        else:
+            with pytest.raises(loaded.aiter.ContractError, match=message):
+                loaded.module.mla_decode_fwd(*args, **kwargs)
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])

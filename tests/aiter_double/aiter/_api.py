@@ -169,16 +169,23 @@ GENERATIONS = {
         STAGE1_HEAD + STAGE1_CU_MASK + STAGE1_OUTPUT + STAGE1_LSE + STAGE1_SCALES)),
 }
 UNKNOWN_GENERATIONS = ("2099-01",)  # the product must refuse these (aiter routes off)
-# Below the API (_double.FEATURES): see _double.configure
+# Below the API (_double.FEATURES): see _double.configure. The q-length-1 kernel rows of
+# e4048607a (c849fd5845 2026-04-16, 78dad4ca34 2026-05-06) predate 2026-06-11.
 FEATURES = {
     "2026-03-04": {},
     "2026-03-16": {"lse": "unwritten"},
-    "2026-06-11": {"lse": "variant", "info_split_cap": "product", "decode_lse": "written"},
-    "2026-06-26": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
-    "2026-07-13": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
-    "2026-07-14": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
-    "2026-08-10": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
-    "2099-01": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written"},
+    "2026-06-11": {"lse": "variant", "info_split_cap": "product", "decode_lse": "written",
+                   "kernel_table": "e4048607a"},
+    "2026-06-26": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
+                   "kernel_table": "e4048607a"},
+    "2026-07-13": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
+                   "kernel_table": "e4048607a"},
+    "2026-07-14": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
+                   "kernel_table": "e4048607a"},
+    "2026-08-10": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
+                   "kernel_table": "e4048607a"},
+    "2099-01": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
+                   "kernel_table": "e4048607a"},
 }
 DEFAULT_GENERATION = "2026-03-04"
 GENERATION_ALIASES = {

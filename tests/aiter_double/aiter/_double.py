@@ -40,7 +40,10 @@ the heads per KV head, persistent or not, and the q length after aiter's padding
 KV, persistent: a q length <= 4 is padded to 4). A combination the table lacks is refused with
 aiter's "cannot get heuristic kernel" (bf16 q over fp8 KV without a plan, fp8 q over bf16 KV,
 bf16 q over a byte-packed cache); a packed fp4x2 cache fails aiter's head-size check first. Only
-the decode rows the route families use are computed: 16 heads, q length 1.
+decode (q length 1) is computed: the persistent mode at 16 heads, the non-persistent
+mla_decode_fwd at every head count the generation's kernel table serves (FEATURES["kernel_table"]:
+16 and 128 at f3be04a12 for fp8 q, 16 / 32 / 64 / 128 for bf16; from e4048607a's table also 8 for
+both, and 64 bf16 through its q-length-1 kernel; NOTES.md h37a).
 
 Later generations (aiter/_api.py sets FEATURES at import, see configure) keep these kernels for
 the rows the routes use (16 heads, q length 1; read at e4048607a, 2026-08-22) and differ below the
@@ -85,9 +88,21 @@ PAGE_MODES = ("exact", "first_token")
 #   returned as is); "written": with return_lse=True stage 2 writes the merged natural-log lse
 #   (HAS_FINAL_LSE, c849fd5845, 2026-04-16 on), without it None. Either way, fp8 q with one
 #   split returns stage 1's own lse tensor (total_q, 1, heads, 1) (aiter returns attn_lse there).
+# - "kernel_table": the non-persistent decode kernels (mla_asm.csv and asm_mla.cu's branches) and
+#   mla_decode_fwd's one-split shortcut. "f3be04a12": fp8 q at 16 / 128 heads (32: aiter's
+#   "decode_qlen=4 in persistent mode" check; 8, 64: no kernel), bf16 at 16 / 32 / 64 / 128, and
+#   bf16 at 32 / 64 heads with one split returns stage 1's float32 partial as the output and
+#   attn_lse (o is not aiter's result there). "e4048607a" (the q-length-1 rows from c849fd5845,
+#   2026-04-16, bf16 64 heads, and 78dad4ca34, 2026-05-06, fp8 8 heads): adds fp8 and bf16 8
+#   heads and the bf16 64-head q-length-1 kernel; fp8 at 32 heads finds no non-persistent kernel,
+#   at 64 heads aiter refuses ("only supports persistent mode"); the bf16 shortcut is 8 / 32
+#   heads with one split, o written, and final_lse returned with return_lse (no non-persistent
+#   kernel has an lse build: unwritten).
 FEATURE_VALUES = {"info_split_cap": ("product", "sum"), "lse": ("unwritten", "variant"),
-                  "decode_lse": ("unwritten", "written")}
-FEATURES = {"info_split_cap": "product", "lse": "variant", "decode_lse": "unwritten"}
+                  "decode_lse": ("unwritten", "written"),
+                  "kernel_table": ("f3be04a12", "e4048607a")}
+FEATURES = {"info_split_cap": "product", "lse": "variant", "decode_lse": "unwritten",
+            "kernel_table": "f3be04a12"}
 
 
 def configure(**features):
@@ -224,6 +239,16 @@ GFX950_DECODE_KERNELS = {
     ("bf16", "bf16", 32, 0, 0): "mla_a16w16_qh16_m32x1_n16x1_coex0_mask1",
     ("bf16", "bf16", 64, 0, 0): "mla_a16w16_qh16_m64x1_n16x1_coex0_mask1",
 }
+# e4048607a's table, for the keys the double reads (q-length-1 decode; its causal column is 1
+# there: asm_mla.cu looks q length 1 up as causal). The bf16 32-head non-persistent kernel was
+# rebuilt under a new name (mla_a16w16_qh16_m16x4_n32x1_coex0_mask1).
+LATER_DECODE_KERNELS = dict(GFX950_DECODE_KERNELS)
+LATER_DECODE_KERNELS.update({
+    ("bf16", "bf16", 32, 0, 0): "mla_a16w16_qh16_m16x4_n32x1_coex0_mask1",
+    ("bf16", "bf16", 64, 0, 1): "mla_a16w16_qh64_qseqlen1_gqaratio64_v3",
+    ("bf16", "bf16", 8, 0, 1): "mla_a16w16_qh8_qseqlen1_gqaratio8_v3",
+    ("fp8", "fp8", 8, 0, 1): "mla_a8w8_qh8_qseqlen1_gqaratio8_v3",
+})
 A16W8_KERNEL = GFX950_DECODE_KERNELS[("bf16", "fp8", 16, 1, 4)]
 A8W8_Q1_KERNEL = GFX950_DECODE_KERNELS[("fp8", "fp8", 16, 1, 1)]
 KERNEL_KEYS = {name: key for key, name in GFX950_DECODE_KERNELS.items()}
@@ -268,6 +293,14 @@ def _padded_q_length(fn, q_type, kv_type, gqa, persistent, max_seqlen_q):
     """The q length aiter looks the kernel up with (asm_mla.cu's padding rules)."""
     if gqa == 128:
         return 0
+    if FEATURES["kernel_table"] == "e4048607a" and gqa in (32, 64) and q_type == kv_type == "fp8":
+        expect(gqa == 32 or persistent,
+               f"{fn}: fp8/fp8 with gqa_ratio=64 only supports persistent mode")
+        if gqa == 32 and max_seqlen_q == 1:
+            return 1  # no non-persistent 32-head row: "cannot get heuristic kernel"
+    if FEATURES["kernel_table"] == "e4048607a" and gqa == 64 and q_type == kv_type == "bf16":
+        if not persistent:
+            return 1 if max_seqlen_q == 1 else 0
     if gqa == 16:
         if q_type == "fp8":
             expect(max_seqlen_q <= 4, f"{fn}: only support fp8 mla decoding for qo_len <= 4")
@@ -293,10 +326,13 @@ def asm_decode_kernel(fn, q_dtype, kv_dtype, gqa, persistent, max_seqlen_q):
     if gqa == 128 and q_type == kv_type == "bf16":
         ps = 0  # aiter runs its non-persistent kernel there
     q_len = _padded_q_length(fn, q_type, kv_type, gqa, persistent, max_seqlen_q)
-    name = GFX950_DECODE_KERNELS.get((q_type, kv_type, gqa, ps, q_len))
+    later = FEATURES["kernel_table"] == "e4048607a"
+    name = (LATER_DECODE_KERNELS if later else GFX950_DECODE_KERNELS).get(
+        (q_type, kv_type, gqa, ps, q_len))
+    causal = int(later and max_seqlen_q == 1)
     expect(name is not None,
            f"{fn}: get_heuristic_kernel_mla: cannot get heuristic kernel! q_type:{q_type} "
-           f"kv_type:{kv_type} gqa:{gqa} ps:{ps} prefill:0 causal:0 qseqlen:{q_len}")
+           f"kv_type:{kv_type} gqa:{gqa} ps:{ps} prefill:0 causal:{causal} qseqlen:{q_len}")
     return name
 
 
@@ -315,8 +351,9 @@ def check_q_kv(fn, q, kv, page_size, nhead_kv, persistent, max_seqlen_q):
            "aiter's own check)")
     kernel = asm_decode_kernel(fn, q.dtype, kv.dtype, q.shape[1] // nhead_kv, persistent,
                                max_seqlen_q)
-    expect(tuple(q.shape[1:]) == (NUM_HEADS, QK_HEAD_DIM),
-           f"{fn}: 'Q' has shape {tuple(q.shape)}, expected (total_q, {NUM_HEADS}, {QK_HEAD_DIM})")
+    heads = NUM_HEADS if persistent else q.shape[1]  # the persistent mode: 16 heads modelled
+    expect(tuple(q.shape[1:]) == (heads, QK_HEAD_DIM),
+           f"{fn}: 'Q' has shape {tuple(q.shape)}, expected (total_q, {heads}, {QK_HEAD_DIM})")
     expect(max_seqlen_q == 1, f"{fn}: the double models decode (max_seqlen_q 1) only")
     need_int(fn, "page_size", page_size, 1)
     expect(tuple(kv.shape[1:]) == (page_size, nhead_kv, QK_HEAD_DIM),
@@ -767,7 +804,7 @@ def decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(QK_HEAD_DIM)
     need_float(fn, "sm_scale", sm_scale)
-    need_tensor(fn, "o", o, dtype=torch.bfloat16, shape=(q.shape[0], NUM_HEADS, V_HEAD_DIM))
+    need_tensor(fn, "o", o, dtype=torch.bfloat16, shape=(q.shape[0], q.shape[1], V_HEAD_DIM))
     need_tensor(fn, "qo_indptr", qo_indptr, dtype=torch.int32, ndim=1)
     return sm_scale, kernel
 
@@ -799,15 +836,21 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
         expect(num_kv_splits_indptr.tolist() == [b * num_kv_splits for b in range(batch + 1)],
                f"{fn}: num_kv_splits_indptr must be arange(0, (bs + 1) * n, n), "
                "n = num_kv_splits")
-    direct = q.dtype in FP8_DTYPES and num_kv_splits == 1
+    heads = q.shape[1]
+    bf16_pair = q.dtype == kv_buffer.dtype == torch.bfloat16
+    later = FEATURES["kernel_table"] == "e4048607a"
+    # aiter's one-split shortcut (no stage 2): fp8 q everywhere; bf16 at 32 / 64 heads
+    # (f3be04a12: output in a float32 partial, o not written) or 8 / 32 (e4048607a: o written)
+    shortcut = num_kv_splits == 1 and (
+        q.dtype in FP8_DTYPES or (bf16_pair and heads in ((8, 32) if later else (32, 64))))
     LOG.append((fn, {"page_size": page_size, "batch": batch, "num_kv_splits": num_kv_splits,
-                     "direct": direct, "persistent": False, "kernel": kernel}))
+                     "direct": shortcut, "persistent": False, "kernel": kernel, "heads": heads}))
 
     qf = dequantize(q, q_scale)
     kv_rows = dequantize(kv_buffer, kv_scale).reshape(-1, QK_HEAD_DIM)
-    logits = torch.zeros(total_q, num_kv_splits, NUM_HEADS, V_HEAD_DIM, dtype=torch.float32,
+    logits = torch.zeros(total_q, num_kv_splits, heads, V_HEAD_DIM, dtype=torch.float32,
                          device=q.device)
-    lses = torch.full((total_q, num_kv_splits, NUM_HEADS, 1), -math.inf, dtype=torch.float32,
+    lses = torch.full((total_q, num_kv_splits, heads, 1), -math.inf, dtype=torch.float32,
                       device=q.device)
     for b in range(batch):
         tail = None if last is None else last[b]
@@ -821,27 +864,29 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
                 out, row_lse = attend(qf[t], kv_rows[part], sm_scale)
                 logits[t, split] = out
                 lses[t, split, :, 0] = row_lse
-    if not direct:
+    if not shortcut:
         CALLS[fn + ":reduce"] += 1
+    if shortcut and bf16_pair and not later:  # f3be04a12 returns the float32 partial
+        return logits.view(total_q, heads, V_HEAD_DIM).clone(), lses.clone()
     for t in range(total_q):
         o[t] = combine(logits[t], lses[t, :, :, 0]).to(o.dtype)
     # What comes back as the lse (FEATURES["decode_lse"]); every lse here is a natural log, as
     # aiter's stage 2 (tl.exp) and mla_reduce_v1 (expf / logf) combine them. A batch without KV
     # gets no defined value from the kernels: the double gives it out NaN (0 / 0), lse -inf.
-    if direct:
+    if shortcut:
         # aiter: `return logits.view(total_s, nhead, v_head_dim), attn_lse` (stage 1's own lse);
         # from 2026-04-16 on `final_lse if return_lse else attn_lse`, and no non-persistent fp8
         # kernel has an lse build (mla_asm.csv's lse column), so that final_lse is not written
         if return_lse and FEATURES["decode_lse"] == "written":
-            return o, unwritten(total_q, q.device)
+            return o, unwritten(total_q, heads, q.device)
         return o, lses.clone()
     if FEATURES["decode_lse"] == "unwritten":
-        return logits, unwritten(total_q, q.device)  # f3be04a12: torch.empty, never written
+        return logits, unwritten(total_q, heads, q.device)  # f3be04a12: torch.empty, never written
     final_lse = torch.logsumexp(lses[:, :, :, 0], dim=1) if return_lse else None
     return logits, final_lse
 
 
-def unwritten(rows, device):
+def unwritten(rows, heads, device):
     """A (rows, heads) float32 lse tensor aiter allocates and no kernel writes: NaN here, so a
     caller that reads it fails."""
-    return torch.full((rows, NUM_HEADS), math.nan, dtype=torch.float32, device=device)
+    return torch.full((rows, heads), math.nan, dtype=torch.float32, device=device)
