@@ -1651,10 +1651,10 @@ def _hopper_decode(
     KV_FP8: gl.constexpr = True,
     TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
 ):
-    """Split-KV MLA decode over the fp8 latent cache on Hopper; the split merge fused as in
-    _mla_decode_kernel (same partials, lse and tickets; same results within rounding). Both
-    entry points: custom_kernel's contiguous rows (PAGE_SIZE 0) and the serving API's pages
-    (PAGE_SIZE 64 or 128: a tile is 64 tokens of one page).
+    """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; the split
+    merge fused as in _mla_decode_kernel (same partials, lse and tickets; same results within
+    rounding). Both entry points: custom_kernel's contiguous rows (PAGE_SIZE 0) and the serving
+    API's pages (PAGE_SIZE 64 or 128: a tile is 64 tokens of one page).
 
     Tile plan: one program = 16 query rows x one KV split, WARPS = 4 or 8. custom_kernel: grid
     (batch, NUM_SPLITS), the 16 heads of row `batch`'s token, equal splits of each row. Serving
@@ -1672,6 +1672,8 @@ def _hopper_decode(
     acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB
     of P: STAGES 2 fits two programs per SM (237-255 registers per thread at 4 warps, no spills:
     docs/kernel_report.md).
+    A bf16 cache (the API only): q stays bf16, S and P.V are bf16 wgmma, P^T is bf16 and V^T is
+    the ring slot read transposed by the MMA (_pv_tile_bf16); 72 KiB tiles, one program per SM.
     More than one split: float32 partials (heads x dims) and lse per split, merged by _merge_row
     (custom_kernel) or _store_serving.
     Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; on pages
