@@ -952,19 +952,13 @@ def format_table(rows, mode: str, copy_bw=None, *, wide: bool = False, timed: bo
         else:
             lines.append([label, route, status, _mismatch_text(r), _rel_text(r)])
     out = _aligned(head, lines)
-    legend = ("mismatch: share of elements outside the runner's tolerance (it fails above 5%); "
-              "relL2: error against float64 attention, %bound: as a share of the route's bound")
-    out.extend(textwrap.wrap(legend, REPORT_COLUMNS))
-    if timed:
-        out.extend(textwrap.wrap(
-            "times in us: mean +- standard error of the timed calls (--wide: and the best); ref: "
-            "reference.ref_kernel timed the same way; GB/s: the bytes the route reads and writes "
-            "over the mean, %copy: as a share of the measured copy bandwidth", REPORT_COLUMNS))
-    for r in rows:
-        if r["problems"]:
-            out.append(f"FAIL {r['case']}: " + "; ".join(r["problems"]))
-            if r.get("message") and "check failed" in r["problems"]:
-                out.append(f"     {r['message']}")
+    _legend_and_failures(
+        out, rows, "mismatch: share of elements outside the runner's tolerance (it fails above 5%); "
+        "relL2: error against float64 attention, %bound: as a share of the route's bound",
+        timed and "times in us: mean +- standard error of the timed calls (--wide: and the best); ref: "
+        "reference.ref_kernel timed the same way; GB/s: the bytes the route reads and writes "
+        "over the mean, %copy: as a share of the measured copy bandwidth",
+        lambda r: r.get("message") if "check failed" in r["problems"] else None)
     if any(r.get("rel_l2_bound") is not None and not r.get("rel_l2_bound_declared")
            for r in rows):
         out.append(f"* route declares no rel_l2_bound in ROUTE_INFO: default "
@@ -1016,22 +1010,31 @@ def format_serving_table(rows, mode: str, copy_bw=None, *, wide: bool = False,
             line.append("-" if r.get("lse_bound") is None else f"{r['lse_bound']:.1e}")
         lines.append([str(x) for x in line])
     out = ["serving cases (mla_decode_with_kvcache):"] + _aligned(head, lines)
-    legend = ("out relL2: out's error against float64 attention over the rows that attend tokens; "
-              "lse err: the largest |lse error| there; %bound: as a share of the bound "
-              "(reference.check_serving: bf16 cache 1% and 1e-3 + 1e-4 |lse|, fp8 cache 1.25 x "
-              "what fp8 rounding of q alone costs + 0.02 and + 0.01); rows that attend nothing "
-              "must be exactly 0 with lse +inf")
+    _legend_and_failures(
+        out, rows, "out relL2: out's error against float64 attention over the rows that attend tokens; "
+        "lse err: the largest |lse error| there; %bound: as a share of the bound "
+        "(reference.check_serving: bf16 cache 1% and 1e-3 + 1e-4 |lse|, fp8 cache 1.25 x "
+        "what fp8 rounding of q alone costs + 0.02 and + 0.01); rows that attend nothing "
+        "must be exactly 0 with lse +inf",
+        timed and "times in us: mean +- standard error of the timed calls (--wide: and the median), "
+        "one plan per case; GB/s: cache bytes read (1152 per token bf16, 576 fp8, over every "
+        "request's tokens) over the mean, %copy: as a share of the measured copy bandwidth")
+    return "\n".join(out)
+
+
+def _legend_and_failures(out, rows, legend: str, times, detail=None) -> None:
+    """Append to a table's lines its legend, the legend of its times (``times``: text, or a
+    falsy value where the table has none) and a FAIL line per failing row (with
+    ``detail(row)``'s text under it where that gives one)."""
     out.extend(textwrap.wrap(legend, REPORT_COLUMNS))
-    if timed:
-        out.extend(textwrap.wrap(
-            "times in us: mean +- standard error of the timed calls (--wide: and the median), "
-            "one plan per case; GB/s: cache bytes read (1152 per token bf16, 576 fp8, over every "
-            "request's tokens) over the mean, %copy: as a share of the measured copy bandwidth",
-            REPORT_COLUMNS))
+    if times:
+        out.extend(textwrap.wrap(times, REPORT_COLUMNS))
     for r in rows:
         if r["problems"]:
             out.append(f"FAIL {r['case']}: " + "; ".join(r["problems"]))
-    return "\n".join(out)
+            text = detail(r) if detail else None
+            if text:
+                out.append(f"     {text}")
 
 
 def summarise(rows, total: int, elapsed_s: float) -> dict:

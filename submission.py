@@ -504,12 +504,19 @@ def _query_rows(group, num_heads, q_len, ROWS: tl.constexpr, PAGE_SIZE: tl.const
 
 
 @triton.jit
+def _natural_lse(lse2):
+    """A base-2 lse as the serving API returns it: natural log, +inf for a row with nothing
+    attended (lse2 -inf), NaN kept. Both kernels' epilogues (the Hopper one calls it too)."""
+    return tl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
+
+
+@triton.jit
 def _store_rows(OUT, LSE, out_rows, lse_rows, row_ok, out_t, lse2, latent, WRITE_LSE: tl.constexpr):
-    """Store the program's rows: out (ROWS x 512) from out_t (512 x ROWS); lse from its base-2
-    value in natural log, +inf for a row with nothing attended (lse2 -inf), NaN kept."""
+    """Store the program's rows: out (ROWS x 512) from out_t (512 x ROWS); lse in natural log
+    (_natural_lse)."""
     tl.store(out_rows[:, None] + latent[None, :], tl.trans(out_t).to(OUT.dtype.element_ty), mask=row_ok[:, None])
     if WRITE_LSE:
-        tl.store(lse_rows, tl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453), mask=row_ok)
+        tl.store(lse_rows, _natural_lse(lse2), mask=row_ok)
 
 
 @triton.jit
@@ -1418,6 +1425,16 @@ def _chunks_out(acc0, acc1, acc2, acc3, WARPS: gl.constexpr, KV_FP8: gl.constexp
 
 
 @gluon.jit
+def _store_chunks(out0, out1, out2, out3, dest, head_scale, LATENT: gl.constexpr, CHUNK: gl.constexpr, rows=None,
+                  row_ok=None):
+    """The four 128-dim chunks of _chunks_out at dest (see _store_chunk)."""
+    _store_chunk(out0, dest, head_scale, LATENT, rows, row_ok)
+    _store_chunk(out1, dest + CHUNK, head_scale, LATENT, rows, row_ok)
+    _store_chunk(out2, dest + 2 * CHUNK, head_scale, LATENT, rows, row_ok)
+    _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT, rows, row_ok)
+
+
+@gluon.jit
 def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O, PARTIAL_LSE,
                  slot_id, WARPS: gl.constexpr, NUM_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
                  LATENT: gl.constexpr, CHUNK: gl.constexpr):
@@ -1428,20 +1445,13 @@ def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison
     running_sum = gl.sum(row_sums, 0)
     out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS)
     if NUM_SPLITS == 1:
-        dest = out_row
-        head_scale = kv_scale / running_sum + poison
+        _store_chunks(out0, out1, out2, out3, out_row, kv_scale / running_sum + poison, LATENT, CHUNK)
     else:
-        has_tokens = running_sum != 0  # (NaN stays NaN)
-        safe_sum = gl.where(has_tokens, running_sum, 1.0)
-        lse = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf")) + poison
-        dest = PARTIAL_O + slot_id * LATENT * NUM_HEADS
-        head_scale = 1.0 / safe_sum
-    _store_chunk(out0, dest, head_scale, LATENT)
-    _store_chunk(out1, dest + CHUNK, head_scale, LATENT)
-    _store_chunk(out2, dest + 2 * CHUNK, head_scale, LATENT)
-    _store_chunk(out3, dest + 3 * CHUNK, head_scale, LATENT)
-    if NUM_SPLITS > 1:
-        gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=running_max.type.layout), lse)
+        lse, safe_sum = _split_lse(running_max, running_sum)
+        _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * LATENT * NUM_HEADS, 1.0 / safe_sum, LATENT,
+                      CHUNK)
+        gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=running_max.type.layout),
+                 lse + poison)
 
 
 @gluon.jit
@@ -1521,6 +1531,12 @@ def _serving_work(CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_
 
 
 @gluon.jit
+def _tile_block(BT_ROW, kv_begin, t, num_tiles, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """The block id of the split's tile t (0 past its last tile: nothing read)."""
+    return gl.load(BT_ROW + (kv_begin + t * BLOCK_N) // PAGE_SIZE, mask=t < num_tiles, other=0)
+
+
+@gluon.jit
 def _paged_row(block, token, pred, num_blocks, kv_rows, PAGE_SIZE: gl.constexpr):
     """(flattened cache row of the tile at request position `token`, whether its block id is
     outside [0, num_blocks)). A bad id's tile is read at kv_rows, past the cache: TMA reads zeros
@@ -1550,12 +1566,6 @@ def _serving_rows(group, num_heads, q_len, NUM_HEADS: gl.constexpr, LAYOUT: gl.c
     order: (valid, query token, head) per row."""
     rows = group * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=LAYOUT)
     return rows < q_len * num_heads, rows // num_heads, rows % num_heads
-
-
-@gluon.jit
-def _natural_lse(lse2):
-    """A base-2 lse as the API returns it: natural log, +inf for a row with nothing attended."""
-    return gl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
 
 
 @gluon.jit
@@ -1600,24 +1610,17 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
     out_base = OUT + request.to(gl.int64) * stride_o_batch
     out_rows = q_token * stride_o_token + head * stride_o_head
     lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
-    has_tokens = running_sum != 0  # (NaN stays NaN)
-    safe_sum = gl.where(has_tokens, running_sum, 1.0)
-    lse2 = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf")) + poison
+    lse2, safe_sum = _split_lse(running_max, running_sum)
+    lse2 += poison
     if num_splits == 1:
-        head_scale = gl.where(has_tokens, kv_scale / safe_sum, 0.0) + poison
-        _store_chunk(out0, out_base, head_scale, LATENT, out_rows, row_ok)
-        _store_chunk(out1, out_base + CHUNK, head_scale, LATENT, out_rows, row_ok)
-        _store_chunk(out2, out_base + 2 * CHUNK, head_scale, LATENT, out_rows, row_ok)
-        _store_chunk(out3, out_base + 3 * CHUNK, head_scale, LATENT, out_rows, row_ok)
+        head_scale = gl.where(running_sum != 0, kv_scale / safe_sum, 0.0) + poison
+        _store_chunks(out0, out1, out2, out3, out_base, head_scale, LATENT, CHUNK, out_rows, row_ok)
         gl.store(lse_rows, _natural_lse(lse2), mask=row_ok)
     else:
         slots = gl.num_programs(1)
         slot_id = group * slots + work
-        dest = PARTIAL_O + slot_id * (LATENT * NUM_HEADS)
-        _store_chunk(out0, dest, 1.0 / safe_sum, LATENT)
-        _store_chunk(out1, dest + CHUNK, 1.0 / safe_sum, LATENT)
-        _store_chunk(out2, dest + 2 * CHUNK, 1.0 / safe_sum, LATENT)
-        _store_chunk(out3, dest + 3 * CHUNK, 1.0 / safe_sum, LATENT)
+        _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * (LATENT * NUM_HEADS), 1.0 / safe_sum, LATENT,
+                      CHUNK)
         gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=ROW_LAYOUT), lse2)
         gl.thread_barrier()  # every thread's partial stores precede the ticket's release
         pair = request * gl.num_programs(0) + group
@@ -1752,17 +1755,15 @@ def _hopper_decode(
     # puts that barrier at the tile loop's exit, on every path (h35).
     for t in gl.static_range(STAGES - 1):
         if SERVING:
-            token = kv_begin + t * BLOCK_N
-            block = gl.load(bt_row + token // PAGE_SIZE, mask=t < num_tiles, other=0)
-            row, bad = _paged_row(block, token, t < num_tiles, num_blocks, kv_rows, PAGE_SIZE)
+            block = _tile_block(bt_row, kv_begin, t, num_tiles, BLOCK_N, PAGE_SIZE)
+            row, bad = _paged_row(block, kv_begin + t * BLOCK_N, t < num_tiles, num_blocks, kv_rows, PAGE_SIZE)
             bad_blocks |= bad
         else:
             row = kv_begin + t * BLOCK_N
         _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, row, t < num_tiles, TILE_BYTES,
                    NUM_CHUNKS, CHUNK, LATENT)
     if SERVING:
-        next_block = gl.load(bt_row + (kv_begin + (STAGES - 1) * BLOCK_N) // PAGE_SIZE, mask=STAGES - 1 < num_tiles,
-                             other=0)
+        next_block = _tile_block(bt_row, kv_begin, STAGES - 1, num_tiles, BLOCK_N, PAGE_SIZE)
     score_scale = 0.0
     if num_tiles > 0:
         if KV_FP8:
@@ -1792,8 +1793,7 @@ def _hopper_decode(
             row, bad = _paged_row(next_block, kv_begin + ahead * BLOCK_N, ahead < num_tiles, num_blocks, kv_rows,
                                   PAGE_SIZE)
             bad_blocks |= bad
-            next_block = gl.load(bt_row + (kv_begin + (ahead + 1) * BLOCK_N) // PAGE_SIZE, mask=ahead + 1 < num_tiles,
-                                 other=0)
+            next_block = _tile_block(bt_row, kv_begin, ahead + 1, num_tiles, BLOCK_N, PAGE_SIZE)
         else:
             row = kv_begin + ahead * BLOCK_N
         _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(ahead % STAGES), ahead % STAGES, row,
@@ -3321,6 +3321,14 @@ def _fill_plan(plan, shape, route, block_table, device):
     plan.shape = shape
 
 
+def _with_k_scale(scalars, k_scale):
+    """A signature's recorded launch scalars with this call's k_scale where it is a Python float
+    (the second scalar: kv_scale_value); a tensor k_scale is read by the kernel."""
+    if k_scale is None or isinstance(k_scale, torch.Tensor):
+        return scalars
+    return (scalars[0], float(k_scale), *scalars[2:])
+
+
 def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
     """_mla_decode_kernel over the pages: launch it for this call; return how the calls of this
     signature launch it (see mla_decode_with_kvcache), or None."""
@@ -3342,11 +3350,17 @@ def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out,
     workspace = plan.workspace
 
     def run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
-        values = scalars if k_scale is None or isinstance(k_scale, torch.Tensor) else (
-            scalars[0], float(k_scale), *scalars[2:])
         run_compiled(*decode_tensors(q, k_cache, k_scale, out, lse, workspace, None, cache_seqlens, block_table),
-                     *values, *constexpr_values)
+                     *_with_k_scale(scalars, k_scale), *constexpr_values)
     return run
+
+
+def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, out, lse, workspace):
+    """The tensor arguments of _mla_decode_paged_hopper_kernel, in its order (the workspace's
+    tickets stand in for KV_SCALE where k_scale is a float or absent)."""
+    partial_o, partial_lse, tickets = workspace
+    return (q, *descriptors, k_scale if isinstance(k_scale, torch.Tensor) else tickets, cache_seqlens, block_table,
+            out, lse, partial_o, partial_lse, tickets)
 
 
 def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
@@ -3355,37 +3369,30 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     batch, s_q, h_q, page_size, kv_format, causal = plan.shape
     params = plan.route["params"]
     groups = triton.cdiv(s_q * h_q, SERVING_ROWS)
-    partial_o, partial_lse, tickets = plan.workspace
-    scale_tensor = isinstance(k_scale, torch.Tensor)
-    scale_fixed = scale_tensor or k_scale is None  # a float k_scale is a scalar of each call
-    latent_desc, rope_desc = kv_descriptors(k_cache)
+    workspace = plan.workspace
     constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, "STAGES": params["num_stages"],
-                  "WARPS": params["num_warps"], "CAUSAL": causal and s_q > 1, "KV_SCALE_IN_TENSOR": scale_tensor,
+                  "WARPS": params["num_warps"], "CAUSAL": causal and s_q > 1,
+                  "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
                   "KV_FP8": kv_format == "fp8"}
-    scalars = (sm_scale * LOG2E, 1.0 if scale_fixed else float(k_scale), k_cache.shape[0] * page_size,
-               k_cache.shape[0], block_table.shape[1] * page_size, batch, plan.num_splits, params["min_chunk"], h_q,
-               s_q, q.stride(0), q.stride(1), q.stride(2), block_table.stride(0), out.stride(0), out.stride(1),
-               out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
-
-    def tensors_of(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
-        return (q, *kv_descriptors(k_cache), k_scale if isinstance(k_scale, torch.Tensor) else tickets,
-                cache_seqlens, block_table, out, lse, partial_o, partial_lse, tickets)
-
-    tensors = tensors_of(q, k_cache, block_table, cache_seqlens, k_scale, out, lse)
-    entry = launch(_mla_decode_paged_hopper_kernel, (groups, plan.num_splits + batch), tensors, scalars, constexprs,
-                   params["num_warps"], 1, floats=DECODE_FLOATS)
+    scalars = _with_k_scale((
+        sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
+        batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),
+        block_table.stride(0), out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        lse.stride(2)), k_scale)
+    descriptors = [k_cache.data_ptr(), *kv_descriptors(k_cache)]  # the last cache's, rebuilt when it moves
+    entry = launch(_mla_decode_paged_hopper_kernel, (groups, plan.num_splits + batch),
+                   _hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse, workspace),
+                   scalars, constexprs, params["num_warps"], 1, floats=DECODE_FLOATS)
     if entry is None:
         return None
     run_compiled, constexpr_values = entry
-    descriptors = [k_cache.data_ptr(), latent_desc, rope_desc]  # the last cache's, rebuilt when it moves
 
     def run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
-        values = scalars if scale_fixed else (scalars[0], float(k_scale), *scalars[2:])
         if k_cache.data_ptr() != descriptors[0]:
             descriptors[:] = [k_cache.data_ptr(), *kv_descriptors(k_cache)]
-        run_compiled(q, descriptors[1], descriptors[2], k_scale if scale_tensor else tickets, cache_seqlens,
-                     block_table, out, lse, partial_o, partial_lse, tickets, *values, *constexpr_values)
+        run_compiled(*_hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse,
+                                            workspace), *_with_k_scale(scalars, k_scale), *constexpr_values)
     return run
 
 

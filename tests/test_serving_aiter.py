@@ -123,18 +123,23 @@ def _aiter_cases():
                 yield generation, kv, page
 
 
-@pytest.mark.parametrize("generation,kv,page", list(_aiter_cases()))
-def test_every_aiter_route_is_strict_on_every_generation(generation, kv, page, reference):
-    """Ragged lengths, a request of length 0, NaN in every slot nobody attends, garbage past the
-    used block-table entries: check_serving's strict bounds against float64."""
+def _strict_aiter_call(reference, generation, kv, inputs, expected):
+    """One call through the double of `generation` on the aiter route of the cache format,
+    check_serving's strict bounds against float64 passed; the mla_decode_fwd calls it made."""
     loaded = _load(generation)
-    inputs, expected = _input(reference, kv, page)
     loaded.aiter.reset()
     out, lse, plan = _call(loaded.module, inputs)
     assert plan.route["route"] == f"aiter_serving_{kv}"
     ok, message = reference.check_serving(inputs, out, lse, expected)
     assert ok, message
-    calls = [facts for fn, facts in loaded.aiter.LOG if fn == "mla_decode_fwd"]
+    return [facts for fn, facts in loaded.aiter.LOG if fn == "mla_decode_fwd"]
+
+
+@pytest.mark.parametrize("generation,kv,page", list(_aiter_cases()))
+def test_every_aiter_route_is_strict_on_every_generation(generation, kv, page, reference):
+    """Ragged lengths, a request of length 0, NaN in every slot nobody attends, garbage past the
+    used block-table entries: check_serving's strict bounds against float64."""
+    calls = _strict_aiter_call(reference, generation, kv, *_input(reference, kv, page))
     assert len(calls) == 1 and calls[0]["page_size"] == 1 and not calls[0]["persistent"]
     assert calls[0]["kernel"] == ("mla_a8w8_qh16_qseqlen1_gqaratio16" if kv == "fp8"
                                   else "mla_dec_stage1_bf16_a16w16_subQ16_mqa16")
@@ -153,14 +158,8 @@ def _head_cases():
 def test_every_served_head_count_is_strict(generation, kv, heads, reference):
     """The head counts past 16: aiter's kernel for that count (the double's table of the
     generation), check_serving's strict bounds against float64, a request of length 0 included."""
-    loaded = _load(generation)
-    inputs, expected = _input(reference, kv, 16, batch=3, kv_len=48, heads=heads)
-    loaded.aiter.reset()
-    out, lse, plan = _call(loaded.module, inputs)
-    assert plan.route["route"] == f"aiter_serving_{kv}"
-    ok, message = reference.check_serving(inputs, out, lse, expected)
-    assert ok, message
-    calls = [facts for fn, facts in loaded.aiter.LOG if fn == "mla_decode_fwd"]
+    calls = _strict_aiter_call(reference, generation, kv,
+                               *_input(reference, kv, 16, batch=3, kv_len=48, heads=heads))
     assert len(calls) == 1 and calls[0]["heads"] == heads
     assert calls[0]["kernel"] == KERNELS[kv, heads]
     assert calls[0]["direct"] == (kv == "fp8")

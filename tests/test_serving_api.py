@@ -351,3 +351,40 @@ def test_serving_route_row_follows_the_table(monkeypatch, shape, hopper, route):
     routes = {"triton_paged"} | ({"hopper_paged"} if hopper else set())
     monkeypatch.setattr(submission, "SERVING_ROUTES", routes)
     assert submission.serving_route_row(shape)["route"] == route
+
+
+@pytest.mark.parametrize("route", ["triton_paged", "hopper_paged"])
+def test_a_signatures_direct_launch_repeats_its_first_launch(monkeypatch, route):
+    """The launch a plan records per signature (Triton's launcher straight from the plan, as on a
+    GPU) passes a later call's own tensors and float k_scale in the order of the first launch's
+    arguments, for either route (a stand-in for launch() records both; no kernel runs)."""
+    launches, direct = [], []
+
+    def recording_launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, floats=1):
+        launches.append((kernel, grid, tensors, scalars))
+        return (lambda *args: direct.append(args)), ("constexprs",)
+
+    monkeypatch.setattr(submission, "launch", recording_launch)
+    monkeypatch.setattr(submission, "SERVING_ROUTES", {route})
+    plan = submission.get_mla_decode_metadata()[0]
+    plan.num_splits = 3  # no GPU to count the SMs of
+    first = make_case(2, 2, 16, 64, [100, 70], kv="fp8", seed=41)
+    second = dict(first, q=make_case(2, 2, 16, 64, [100, 70], kv="fp8", seed=42)["q"],
+                  cache_seqlens=torch.tensor([60, 128], dtype=torch.int32, device=DEVICE),
+                  block_table=first["block_table"].flip(0).contiguous())  # the same signature, other values
+    out1, lse1 = run(first, causal=True, plan=plan)
+    assert plan.route["route"] == route and len(launches) == 1 and not direct
+    out2, lse2 = run(second, causal=True, plan=plan, k_scale=second["k_scale"] * 2)
+    kernel, grid, tensors, scalars = launches[0]
+    assert len(launches) == 1 and len(direct) == 1, "the second call of the signature goes straight to Triton"
+    args = direct[0]
+    assert args[-1] == "constexprs" and len(args) == len(tensors) + len(scalars) + 1
+    got_tensors, got_scalars = args[:len(tensors)], args[len(tensors):-1]
+    assert got_scalars[1] == second["k_scale"] * 2 and scalars[1] == first["k_scale"]
+    assert got_scalars[0] == scalars[0] and got_scalars[2:] == scalars[2:]
+    # each argument in the first launch's place: this call's tensor where the first call passed its own
+    now = {id(first[name]): second[name] for name in ("q", "cache_seqlens", "block_table")}
+    now.update({id(out1): out2, id(lse1): lse2})
+    assert len(now) == 5 and all(any(t is then for t in tensors) for then in (first["q"], out1, lse1))
+    for i, (then, got) in enumerate(zip(tensors, got_tensors, strict=True)):
+        assert got is now.get(id(then), then), f"argument {i} of {kernel}"

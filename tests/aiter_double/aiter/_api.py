@@ -171,21 +171,14 @@ GENERATIONS = {
 UNKNOWN_GENERATIONS = ("2099-01",)  # the product must refuse these (aiter routes off)
 # Below the API (_double.FEATURES): see _double.configure. The q-length-1 kernel rows of
 # e4048607a (c849fd5845 2026-04-16, 78dad4ca34 2026-05-06) predate 2026-06-11.
+_FEATURES_FROM_06_26 = {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
+                        "kernel_table": "e4048607a"}
 FEATURES = {
     "2026-03-04": {},
     "2026-03-16": {"lse": "unwritten"},
-    "2026-06-11": {"lse": "variant", "info_split_cap": "product", "decode_lse": "written",
-                   "kernel_table": "e4048607a"},
-    "2026-06-26": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
-                   "kernel_table": "e4048607a"},
-    "2026-07-13": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
-                   "kernel_table": "e4048607a"},
-    "2026-07-14": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
-                   "kernel_table": "e4048607a"},
-    "2026-08-10": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
-                   "kernel_table": "e4048607a"},
-    "2099-01": {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
-                   "kernel_table": "e4048607a"},
+    "2026-06-11": dict(_FEATURES_FROM_06_26, info_split_cap="product"),
+    **{generation: _FEATURES_FROM_06_26 for generation in ("2026-06-26", "2026-07-13", "2026-07-14", "2026-08-10",
+                                                           "2099-01")},
 }
 DEFAULT_GENERATION = "2026-03-04"
 GENERATION_ALIASES = {
