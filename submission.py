@@ -504,19 +504,12 @@ def _query_rows(group, num_heads, q_len, ROWS: tl.constexpr, PAGE_SIZE: tl.const
 
 
 @triton.jit
-def _natural_lse(lse2):
-    """A base-2 lse as the serving API returns it: natural log, +inf for a row with nothing
-    attended (lse2 -inf), NaN kept. Both kernels' epilogues (the Hopper one calls it too)."""
-    return tl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
-
-
-@triton.jit
 def _store_rows(OUT, LSE, out_rows, lse_rows, row_ok, out_t, lse2, latent, WRITE_LSE: tl.constexpr):
-    """Store the program's rows: out (ROWS x 512) from out_t (512 x ROWS); lse in natural log
-    (_natural_lse)."""
+    """Store the program's rows: out (ROWS x 512) from out_t (512 x ROWS); lse from its base-2
+    value in natural log, +inf for a row with nothing attended (lse2 -inf), NaN kept."""
     tl.store(out_rows[:, None] + latent[None, :], tl.trans(out_t).to(OUT.dtype.element_ty), mask=row_ok[:, None])
     if WRITE_LSE:
-        tl.store(lse_rows, _natural_lse(lse2), mask=row_ok)
+        tl.store(lse_rows, tl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453), mask=row_ok)
 
 
 @triton.jit
@@ -1566,6 +1559,13 @@ def _serving_rows(group, num_heads, q_len, NUM_HEADS: gl.constexpr, LAYOUT: gl.c
     order: (valid, query token, head) per row."""
     rows = group * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=LAYOUT)
     return rows < q_len * num_heads, rows // num_heads, rows % num_heads
+
+
+@gluon.jit
+def _natural_lse(lse2):
+    """A base-2 lse as the API returns it: natural log, +inf for a row with nothing attended (the
+    portable kernel's _store_rows writes the same; its source is kept as the gfx950 sweep hashed it)."""
+    return gl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
 
 
 @gluon.jit
