@@ -11,7 +11,9 @@ Grids (FlashMLA's benchmark: 128 requests, lengths normal around the mean s_k wi
 Providers: ours over the bf16 cache and over its fp8 copy (per-tensor scale); FlashMLA's dense
 decode (bf16) when --flashmla names its build (the peers kit's flashmla_build.sh; skipped with a
 note otherwise); vLLM's fp8 fork when --vllm-fp8 names a folder holding peer_vllm_fp8.py and its
-build/ (vllm_fp8_build.sh). FlashInfer's MLA wrapper when `flashinfer` imports.
+build/ (vllm_fp8_build.sh). FlashInfer's MLA wrapper when `flashinfer` imports. --baseline FILE
+adds another copy of submission.py (an earlier version, say `git show HEAD~1:submission.py`) as
+the providers "base bf16" / "base fp8": an A/B of two versions in one process.
 Per case and provider: kernel time (CUDA events around one call after an L2 flush; median and
 mean of --repeats), host time of one eager call (perf_counter; median; with the GPU idle before,
 and on a warm host with a spin kernel queued before: see host_time), and
@@ -20,6 +22,7 @@ ours also lse's max abs error). Ratios: FlashMLA time / provider time (> 1: fast
 """
 import argparse
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -65,16 +68,23 @@ def fp8_copy(cache):
     return out, scale.reshape(1).float()
 
 
+def api_calls(module, name, case, cache8, scale8):
+    """{name bf16, name fp8}: the module's serving API over the case's bf16 cache and its fp8 copy."""
+    q, cache, table, lens, causal = case.q, case.k_cache, case.block_table, case.cache_seqlens, case.causal
+    plan = module.get_mla_decode_metadata()[0]
+    plan8 = module.get_mla_decode_metadata()[0]
+    return {f"{name} bf16": lambda: module.mla_decode_with_kvcache(q, cache, table, lens, 512, plan, causal=causal),
+            f"{name} fp8": lambda: module.mla_decode_with_kvcache(q, cache8, table, lens, 512, plan8, causal=causal,
+                                                                  k_scale=scale8)}
+
+
 def providers(case, args):
     """name -> zero-argument call returning (out, lse or None), for every provider available."""
     q, cache, table, lens, causal = case.q, case.k_cache, case.block_table, case.cache_seqlens, case.causal
-    calls = {}
-    plan = submission.get_mla_decode_metadata()[0]
-    calls["ours bf16"] = lambda: submission.mla_decode_with_kvcache(q, cache, table, lens, 512, plan, causal=causal)
     cache8, scale8 = fp8_copy(cache)
-    plan8 = submission.get_mla_decode_metadata()[0]
-    calls["ours fp8"] = lambda: submission.mla_decode_with_kvcache(q, cache8, table, lens, 512, plan8,
-                                                                   causal=causal, k_scale=scale8)
+    calls = api_calls(submission, "ours", case, cache8, scale8)
+    if args.baseline:
+        calls.update(api_calls(args.baseline, "base", case, cache8, scale8))
     if args.flashmla:
         flash_mla = args.flashmla
         meta = flash_mla.get_mla_metadata()[0]
@@ -156,7 +166,12 @@ def main():
     parser.add_argument("--skip-32k", action="store_true")
     parser.add_argument("--no-check", action="store_true", help="no float64 reference (times only)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--baseline", default=None, help="another submission.py, timed as the providers base *")
     args = parser.parse_args()
+    if args.baseline:
+        spec = importlib.util.spec_from_file_location("baseline_submission", args.baseline)
+        args.baseline = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(args.baseline)
     notes = load_peers(args)
     for note in notes:
         print("NOTE:", note, flush=True)
