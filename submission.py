@@ -2030,7 +2030,8 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False
                               caches=("fp8e4nv", "bf16")):
     """The serving API's Hopper kernel (sm_90 only), for a page size, causal masks on and off, an
     fp8 cache with a tensor k_scale and a bf16 one (only params["kv"]'s where given, as
-    tools/kernel_report.py gives a serving row's); a plan like the route tables'."""
+    tools/kernel_report.py gives a serving row's), params' rows (16 where absent), warps and ring
+    slots; a plan like the route tables'."""
     if not HAVE_GLUON:
         return []
     if "kv" in params:
