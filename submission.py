@@ -1222,14 +1222,17 @@ def _rows_to_dims(acc, WARPS: gl.constexpr):
     return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS).value), [128, N])
 
 @_constexpr_function
-def _output_layout(warps):
-    """(128 dims x 16 heads) layout of _hi_plus_lo(_rows_to_dims(acc)) with a thread's dims first
-    in register order, so that its 4 (2 at 8 warps) consecutive dims store as one vector."""
+def _output_layout(warps, rows=16):
+    """(128 dims x rows heads) layout of _hi_plus_lo(_rows_to_dims(acc)) with a thread's dims
+    first in register order, so that its 4 (2 at 8 warps) consecutive dims store as one vector:
+    the same bases as the accumulator's after that relabelling (the conversion moves no data),
+    heads 1-2 in the lanes and heads 4 ... rows / 2 in registers (the MMA's N spread)."""
+    heads = [[0, 1 << bit] for bit in range(2, rows.bit_length() - 1)]
     if warps == 4:
-        return gl.DistributedLinearLayout([[1, 0], [2, 0], [0, 4], [0, 8]], [[0, 1], [0, 2], [4, 0], [8, 0], [16, 0]],
-                                          [[32, 0], [64, 0]], [], [HOPPER_CHUNK, 16])
-    return gl.DistributedLinearLayout([[1, 0], [0, 4], [0, 8]], [[0, 1], [0, 2], [2, 0], [4, 0], [8, 0]],
-                                      [[16, 0], [32, 0], [64, 0]], [], [HOPPER_CHUNK, 16])
+        return gl.DistributedLinearLayout([[1, 0], [2, 0]] + heads, [[0, 1], [0, 2], [4, 0], [8, 0], [16, 0]],
+                                          [[32, 0], [64, 0]], [], [HOPPER_CHUNK, rows])
+    return gl.DistributedLinearLayout([[1, 0]] + heads, [[0, 1], [0, 2], [2, 0], [4, 0], [8, 0]],
+                                      [[16, 0], [32, 0], [64, 0]], [], [HOPPER_CHUNK, rows])
 
 @gluon.jit
 def _hi_plus_lo(acc):
@@ -1310,7 +1313,7 @@ def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scal
 @gluon.jit
 def _load_q(Q, row, stride_q_token, ROWS: gl.constexpr, NUM_HEADS: gl.constexpr, CHUNK: gl.constexpr,
             LATENT: gl.constexpr, ROPE: gl.constexpr, rows=None, row_ok=None):
-    """q[row] (16 heads x 576, bf16 -> float32) as four 128-dim chunks and the rope part; the
+    """q[row] (NUM_HEADS x 576, bf16 -> float32) as four 128-dim chunks and the rope part; the
     serving API's rows: Q + rows[h] where row_ok[h] (0 elsewhere)."""
     if rows is None:
         heads = gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(1, ROWS))
@@ -1463,8 +1466,12 @@ def _chunks_out(acc0, acc1, acc2, acc3, WARPS: gl.constexpr, KV_FP8: gl.constexp
         acc1 = _hi_plus_lo(_rows_to_dims(acc1, WARPS))
         acc2 = _hi_plus_lo(_rows_to_dims(acc2, WARPS))
         acc3 = _hi_plus_lo(_rows_to_dims(acc3, WARPS))
-    return (gl.convert_layout(acc0, _output_layout(WARPS)), gl.convert_layout(acc1, _output_layout(WARPS)),
-            gl.convert_layout(acc2, _output_layout(WARPS)), gl.convert_layout(acc3, _output_layout(WARPS)))
+    # fp8: the accumulator's own bases after the relabelling, so the compile checks that no data moves
+    LAYOUT: gl.constexpr = _output_layout(WARPS, acc0.shape[1])
+    return (gl.convert_layout(acc0, LAYOUT, assert_trivial=KV_FP8),
+            gl.convert_layout(acc1, LAYOUT, assert_trivial=KV_FP8),
+            gl.convert_layout(acc2, LAYOUT, assert_trivial=KV_FP8),
+            gl.convert_layout(acc3, LAYOUT, assert_trivial=KV_FP8))
 
 
 @gluon.jit
@@ -1618,11 +1625,19 @@ def _natural_lse(lse2):
     return gl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
 
 
+@_constexpr_function
+def _split_lse_layout(rows, warps):
+    """(splits x rows) of partial lse: rows over the lanes (past 32, also in registers), splits over
+    the remaining lanes and the warps."""
+    lanes = min(rows, 32)
+    return gl.BlockedLayout([1, rows // lanes], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
 @gluon.jit
 def _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
                 WARPS: gl.constexpr):
     """The base-2 lse of the merged rows from their splits' (-inf for a row with nothing attended)."""
-    LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [32 // NUM_HEADS, NUM_HEADS], [WARPS, 1], [1, 0])
+    LAYOUT: gl.constexpr = _split_lse_layout(NUM_HEADS, WARPS)
     splits = gl.expand_dims(gl.arange(0, MAX_SPLITS, layout=gl.SliceLayout(1, LAYOUT)), 1)
     heads = gl.expand_dims(gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT)), 0)
     lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=splits < num_splits,
@@ -1632,11 +1647,18 @@ def _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS: gl.constexpr, N
     return top + gl.log2(gl.sum(gl.exp2(lse - gl.expand_dims(top, 0)), 0))
 
 
+@_constexpr_function
+def _serving_merge_slice(latent, splits, rows, warps):
+    """Latent dims _merge_serving merges at once: 64 floats of partials per thread (16 rows at 4
+    warps, 32 at 8: latent / splits dims; twice the rows per thread: half as many dims)."""
+    return latent // splits // max(1, rows // (4 * warps))
+
+
 @gluon.jit
 def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale,
                    WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
     """Every latent dim of the request's rows merged from its num_splits (<= SPLITS) splits."""
-    SLICE: gl.constexpr = LATENT // SPLITS
+    SLICE: gl.constexpr = _serving_merge_slice(LATENT, SPLITS, NUM_HEADS, WARPS)
     for dim_begin in range(0, LATENT, SLICE):
         _merge_slice(PARTIAL_O, PARTIAL_LSE, out_base, first_slot, dim_begin, kv_scale, WARPS, SPLITS, SLICE,
                      NUM_HEADS, LATENT, num_splits, rows, row_ok)
@@ -1709,11 +1731,12 @@ def _hopper_decode(
     rounding). Both entry points: custom_kernel's contiguous rows (PAGE_SIZE 0) and the serving
     API's pages (PAGE_SIZE 64 or 128: a tile is 64 tokens of one page).
 
-    Tile plan: one program = 16 query rows x one KV split, WARPS = 4 or 8. custom_kernel: grid
+    Tile plan: one program = NUM_HEADS query rows (16; the serving API also 32) x one KV split,
+    WARPS = 4 or 8 (at 8 the two warpgroups split S's query rows and P.V's latent dims). custom_kernel: grid
     (batch, NUM_SPLITS), the 16 heads of row `batch`'s token, equal splits of each row. Serving
-    API: grid (row groups, work items), rows (query token, head) group * 16 ... of a request, the
-    work items a token-balanced schedule computed from cache_seqlens (_serving_work), causal
-    masks per query token, lse written.
+    API: grid (row groups, work items), rows (query token, head) group * NUM_HEADS ... of a
+    request, the work items a token-balanced schedule computed from cache_seqlens
+    (_serving_work), causal masks per query token, lse written. The figures below are for 16 rows.
     Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
     fp8 bytes, loaded by TMA (4 boxes of 128 latent dims + 1 of 64 rope dims) into a ring of
     STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed (on pages, the block
@@ -1970,20 +1993,20 @@ SM90_REGISTERS_PER_SM = 65536
 SM90_SHARED_PER_SM = 228 * 1024  # bytes; the system reserves 1 KiB of it per resident program
 
 
-def hopper_shared_bytes_bound(num_stages, element_bytes=1):
+def hopper_shared_bytes_bound(num_stages, element_bytes=1, rows=NUM_HEADS):
     """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 elements per
-    slot), q (16 x 576), P^T (32 x 64 B), the barriers and 8 KiB for the compiler's scratch
-    (tests/test_kernel_report.py checks the sm_90 compile stays under it); element_bytes 2 for a
-    bf16 cache."""
-    return (element_bytes * (num_stages * 64 * QK_HEAD_DIM + NUM_HEADS * QK_HEAD_DIM) + 2 * NUM_HEADS * 64
+    slot), q (rows x 576), P^T (64 tokens x 2 bytes per row: fp8 hi and lo, or bf16), the barriers
+    and 8 KiB for the compiler's scratch (tests/test_kernel_report.py checks the sm_90 compile stays
+    under it); element_bytes 2 for a bf16 cache; rows: query rows per program."""
+    return (element_bytes * (num_stages * 64 * QK_HEAD_DIM + rows * QK_HEAD_DIM) + 2 * rows * 64
             + 8 * num_stages + 8192)
 
 
-def hopper_programs_per_sm(num_warps, num_stages, element_bytes=1):
+def hopper_programs_per_sm(num_warps, num_stages, element_bytes=1, rows=NUM_HEADS):
     """Programs of the Hopper kernel an SM holds at once whatever ptxas allocates: registers (at
     most 256 per thread: 2 programs of 4 warps, 1 of 8) and shared memory (the bound above)."""
     by_registers = SM90_REGISTERS_PER_SM // (num_warps * 32 * 256)
-    by_shared = SM90_SHARED_PER_SM // (hopper_shared_bytes_bound(num_stages, element_bytes) + 1024)
+    by_shared = SM90_SHARED_PER_SM // (hopper_shared_bytes_bound(num_stages, element_bytes, rows) + 1024)
     return max(1, min(by_registers, by_shared))
 
 
@@ -2057,7 +2080,8 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False
                               caches=("fp8e4nv", "bf16")):
     """The serving API's Hopper kernel (sm_90 only), for a page size, causal masks on and off, an
     fp8 cache with a tensor k_scale and a bf16 one (only params["kv"]'s where given, as
-    tools/kernel_report.py gives a serving row's); a plan like the route tables'."""
+    tools/kernel_report.py gives a serving row's), params' rows (16 where absent), warps and ring
+    slots; a plan like the route tables'."""
     if not HAVE_GLUON:
         return []
     if "kv" in params:
@@ -2079,6 +2103,7 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
         "kernel": _mla_decode_paged_hopper_kernel, "targets": ["sm90"], "signature": signature,
         "constexprs": {**keyword_defaults(_mla_decode_paged_hopper_kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
                        "PAGE_SIZE": page, "STAGES": params["num_stages"], "WARPS": params["num_warps"],
+                       "NUM_HEADS": params.get("rows", SERVING_ROWS),
                        "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
                        "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
                        "KV_SCALE_IN_TENSOR": cache == "fp8e4nv"},
@@ -3140,21 +3165,31 @@ def custom_kernel(data: input_t) -> output_t:
 SERVING_MAX_HEADS = 128
 SERVING_MAX_Q_LEN = 8
 SERVING_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-SERVING_ROWS = 16  # query rows (token, head pairs) per program: the MMA's N dimension
+SERVING_ROWS = 16  # query rows (token, head pairs) per program (the MMA's N): portable route, Hopper default
 SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its merge than it saves
 SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
 SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
 
 # Which route serves a plan, as data: the first row whose "kv" is the cache's format, whose
-# "pages" (if any) hold the page size, whose "max_batch" (if any) holds the batch, and whose
-# route this machine has. hopper_paged: the Hopper kernel on pages of whole 64-token tiles, the
-# work balanced by tokens over the batch (_serving_work; "waves": programs per SM slot it aims
-# for, "min_chunk": the shortest split); the schedule holds the batch's lengths in one warp, so
-# up to 1024 requests. Everything else: the portable kernel (NOTES.md h36, h38). num_stages 2
-# for bf16: three 64-token bf16 tiles do not fit an H200's shared memory.
+# "pages" (if any) hold the page size, whose "max_batch" (if any) holds the batch, whose
+# "min_rows" (if any) the plan's query rows (s_q x h_q) reach, and whose route this machine has.
+# hopper_paged: the Hopper kernel on pages of whole 64-token tiles, the work balanced by tokens
+# over the batch (_serving_work; "waves": programs per SM slot it aims for, "min_chunk": the
+# shortest split); the schedule holds the batch's lengths in one warp, so up to 1024 requests;
+# "rows": query rows per program (16 where absent), each program one pass over its split's
+# tiles: 32 rows at 8 warps (two warpgroups, the same registers per thread as 16 at 4) serve 32
+# or more rows in half the passes, one program per SM (registers), so a third ring slot costs no
+# occupancy. Everything else: the portable kernel (NOTES.md h36, h38). num_stages 2 for bf16:
+# three 64-token bf16 tiles do not fit an H200's shared memory. Not here, by the sm_90 compile:
+# bf16 at 32 rows and 4 warps (spills 128 B), at 64 rows and 8 warps (spills 8-28 B at 255
+# registers).
 SERVING_ROUTE_TABLE = [
+    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 3, "waves": 1, "min_chunk": 256}},
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
+    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256}},
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
@@ -3178,10 +3213,11 @@ AITER_SERVING_TABLE = [
 def serving_row_serves(row, shape):
     """Whether a serving table row serves a plan of shape (batch, s_q, h_q, page_size, kv, causal):
     its cache format, and where the row names them its head counts, query tokens, page sizes,
-    largest batch and the aiter capabilities it needs."""
+    largest batch, fewest query rows (s_q x h_q) and the aiter capabilities it needs."""
     batch, s_q, h_q, page_size, kv_format, _ = shape
     return (row["kv"] == kv_format and h_q in row.get("heads", (h_q,)) and s_q in row.get("s_q", (s_q,))
             and page_size in row.get("pages", (page_size,)) and batch <= row.get("max_batch", batch)
+            and s_q * h_q >= row.get("min_rows", 0)
             and AITER_SERVING_CAPABILITIES.issuperset(row.get("needs", ())))
 
 
@@ -3341,6 +3377,12 @@ def serving_route_row(shape, table=None):
                 and serving_row_serves(row, shape))
 
 
+def route_rows(route):
+    """Query rows per program of a serving route row: its params' "rows" on the Hopper route (16
+    where absent), SERVING_ROWS on the portable one."""
+    return route["params"].get("rows", SERVING_ROWS) if route["route"] == "hopper_paged" else SERVING_ROWS
+
+
 def _fill_plan(plan, shape, route, block_table, device):
     """Fix the plan's shape, route, split count and workspace on its first call."""
     batch, s_q, h_q, page_size, _, _ = shape
@@ -3350,12 +3392,13 @@ def _fill_plan(plan, shape, route, block_table, device):
     if plan.num_splits is not None and (isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int)
                                         or plan.num_splits < 1):
         raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count >= 1")
-    groups = triton.cdiv(s_q * h_q, SERVING_ROWS)
+    rows = route_rows(route)
+    groups = triton.cdiv(s_q * h_q, rows)
     params = route["params"]
     if route["route"] == "hopper_paged":
         if plan.num_splits is None:  # the batch's chunks: one per program slot of the GPU
             resident = sm_count(device) * hopper_programs_per_sm(params["num_warps"], params["num_stages"],
-                                                                 2 if shape[4] == "bf16" else 1)
+                                                                 2 if shape[4] == "bf16" else 1, rows)
             plan.num_splits = max(1, params["waves"] * resident // groups)
         slots = groups * (plan.num_splits + batch)  # work items: at most a chunk count plus one per request
     else:
@@ -3364,8 +3407,8 @@ def _fill_plan(plan, shape, route, block_table, device):
             wanted = triton.cdiv(_programs_to_fill(device), batch * groups)
             plan.num_splits = max(1, min(wanted, capacity // SERVING_SPLIT_MIN_TOKENS))
         slots = batch * groups * plan.num_splits if plan.num_splits > 1 else 1
-    plan.workspace = (torch.empty(slots, V_HEAD_DIM, SERVING_ROWS, dtype=torch.float32, device=device),
-                      torch.empty(slots, SERVING_ROWS, dtype=torch.float32, device=device),
+    plan.workspace = (torch.empty(slots, V_HEAD_DIM, rows, dtype=torch.float32, device=device),
+                      torch.empty(slots, rows, dtype=torch.float32, device=device),
                       torch.zeros(batch * groups, dtype=torch.int32, device=device))
     plan.route = route
     plan.shape = shape
@@ -3418,10 +3461,11 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     rows): launch it for this call; return how the calls of this signature launch it, or None."""
     batch, s_q, h_q, page_size, kv_format, causal = plan.shape
     params = plan.route["params"]
-    groups = triton.cdiv(s_q * h_q, SERVING_ROWS)
+    rows = route_rows(plan.route)
+    groups = triton.cdiv(s_q * h_q, rows)
     workspace = plan.workspace
     constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, "STAGES": params["num_stages"],
-                  "WARPS": params["num_warps"], "CAUSAL": causal and s_q > 1,
+                  "WARPS": params["num_warps"], "NUM_HEADS": rows, "CAUSAL": causal and s_q > 1,
                   "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
                   "KV_FP8": kv_format == "fp8"}

@@ -1,16 +1,30 @@
-"""The Hopper serving route's schedule knobs on FlashMLA's benchmark inputs (NOTES.md h38b).
+"""The Hopper serving route's row configurations and schedule knobs on FlashMLA's benchmark inputs
+(NOTES.md h38b).
 
-For each case (grid C: the leaderboard's 8 shapes as a paged fp8 cache; grid B: 128 requests,
-16 heads, s_q 1 and 2, varied lengths around 4k and 16k; one grid-A case) and each setting of the
-hopper_paged row's (waves, min_chunk) and SERVING_MAX_SPLITS, the kernel time of
-mla_decode_with_kvcache (L2 flushed before each call, CUDA events, median of --repeats), all in
-one process so the settings compare like for like. Needs a Hopper GPU (the route exists only
-there).
+For each case and each setting, the kernel time of mla_decode_with_kvcache (L2 flushed before each
+call, CUDA events, median of --repeats), all in one process so the settings compare like for like.
+A setting is a row configuration (--rows: query rows per program, num_warps, num_stages; "table":
+what SERVING_ROUTE_TABLE picks for the case's shape) crossed with a schedule (--configs: the
+hopper_paged row's waves and min_chunk, and SERVING_MAX_SPLITS); each is forced as a hopper_paged
+row ahead of the table, with a fresh plan. Every setting's out and lse are compared with the first
+setting's on the same inputs (rel. L2 of out over the attended rows, max |lse| difference; "!" past
+0.1: a configuration computing something else; with an fp8 cache another row count quantises q
+over other rows, which alone differs by about the fp8 rounding of q). Needs a Hopper GPU (the route
+exists only there).
 
-    python bench/serving_schedule_sweep.py [--configs 1,256,16:2,256,16] [--repeats 10] [--json PATH]
+Cases (128 requests, lengths normal around s_k with spread s_k / 2, 64-token pages; causal for
+s_q 2): grid A: 128 heads, s_q 1 and 2, each --s-k; grid B: 16 heads, the same; grid C: the
+leaderboard's 8 uniform shapes (16 heads, s_q 1) as a paged cache.
+
+    python bench/serving_schedule_sweep.py [--rows table:16,4,2:32,8,3] [--configs 1,256,16:2,256,16]
+                                           [--grids A,B,C] [--s-k 4096,16384] [--kv fp8|bf16]
+                                           [--repeats 10] [--json PATH]
+e.g. the 32-row row against the 16-row one on grids A and B:
+    python bench/serving_schedule_sweep.py --rows 16,4,2:32,8,2:32,8,3 --configs 1,256,16 --grids A,B
 """
 import argparse
 import functools
+import itertools
 import json
 import os
 import statistics
@@ -25,58 +39,111 @@ import submission  # noqa: E402
 import utils  # noqa: E402
 from serving_peers import fp8_copy, kernel_times  # noqa: E402
 
-
-def cases():
-    out = [("C", batch, 1, 16, kv, False) for batch, kv in utils.benchmark_shapes()]
-    out += [("B", 128, s_q, 16, s_k, True) for s_q in (1, 2) for s_k in (4096, 16384)]
-    return out + [("A", 128, 1, 128, 4096, True)]
+TABLE = submission.SERVING_ROUTE_TABLE  # as the module defines it (each setting puts a row ahead of it)
 
 
-def time_settings(case, cache8, scale8, s_q, configs, row, flush, repeats):
-    """Median kernel time of the case under each setting (a fresh plan each)."""
-    times = []
-    for waves, min_chunk, max_splits in configs:
-        row["params"].update(waves=waves, min_chunk=min_chunk)
-        submission.SERVING_MAX_SPLITS = max_splits
+def cases(grids, s_ks):
+    """(grid, batch, s_q, h_q, mean s_k, varlen) of each requested grid."""
+    out = []
+    for grid, h_q in (("A", 128), ("B", 16)):
+        if grid in grids:
+            out += [(grid, 128, s_q, h_q, s_k, True) for s_q in (1, 2) for s_k in s_ks]
+    if "C" in grids:
+        out += [("C", batch, 1, 16, kv, False) for batch, kv in utils.benchmark_shapes()]
+    return out
+
+
+def parse_rows(text):
+    """'table:16,4,2:32,8,3' -> [None, (16, 4, 2), (32, 8, 3)] (None: the table's own row)."""
+    return [None if spec == "table" else tuple(int(v) for v in spec.split(",")) for spec in text.split(":")]
+
+
+def row_label(row_config):
+    return "table" if row_config is None else "r{}w{}s{}".format(*row_config)
+
+
+def forced_row(shape, row_config, schedule):
+    """The hopper_paged row a setting puts ahead of the table for a plan of this shape."""
+    kv = shape[4]
+    base = submission.serving_route_row(shape, TABLE)
+    if base["route"] != "hopper_paged":
+        raise SystemExit("the Hopper route does not serve this machine or shape: nothing to sweep")
+    params = dict(base["params"])
+    if row_config is not None:
+        params.update(rows=row_config[0], num_warps=row_config[1], num_stages=row_config[2])
+    params.update(waves=schedule[0], min_chunk=schedule[1])
+    return {"kv": kv, "pages": (64, 128), "route": "hopper_paged", "params": params}
+
+
+def differences(out, lse, first_out, first_lse):
+    """(rel. L2 of out over the rows that attend something, max |lse| difference there)."""
+    attended = torch.isfinite(first_lse)
+    rows = attended.permute(0, 2, 1)
+    got, want = out[rows].double(), first_out[rows].double()
+    rel = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    return rel, (lse[attended].double() - first_lse[attended].double()).abs().max().item()
+
+
+def time_settings(case, cache, scale, s_q, settings, flush, repeats):
+    """Per setting: (median kernel time, rel. L2 and lse differences against the first setting)."""
+    results, first = [], None
+    shape = (case.q.shape[0], s_q, case.q.shape[2], cache.shape[1], "fp8" if scale is not None else "bf16", s_q > 1)
+    for row_config, schedule in settings:
+        submission.SERVING_ROUTE_TABLE = [forced_row(shape, row_config, schedule)] + TABLE
+        submission.SERVING_MAX_SPLITS = schedule[2]
         plan = submission.get_mla_decode_metadata()[0]
-        call = functools.partial(submission.mla_decode_with_kvcache, case.q, cache8, case.block_table,
-                                 case.cache_seqlens, 512, plan, causal=s_q > 1, k_scale=scale8)
-        call()
+        call = functools.partial(submission.mla_decode_with_kvcache, case.q, cache, case.block_table,
+                                 case.cache_seqlens, 512, plan, causal=s_q > 1, k_scale=scale)
+        out, lse = call()
         torch.cuda.synchronize()
-        if plan.route["route"] != "hopper_paged":
-            raise SystemExit("the Hopper route does not serve this machine: nothing to sweep")
-        times.append(kernel_times(call, repeats, flush)[0])
-    return times
+        first = first or (out, lse)
+        results.append((kernel_times(call, repeats, flush)[0], *differences(out, lse, *first)))
+    submission.SERVING_ROUTE_TABLE = TABLE
+    return results
 
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="table",
+                        help="row configurations rows,num_warps,num_stages or 'table', colon-separated")
     parser.add_argument("--configs", default="1,256,16:2,256,16:1,512,16:2,512,16",
                         help="waves,min_chunk,max_splits settings, colon-separated")
+    parser.add_argument("--grids", default="A,B,C")
+    parser.add_argument("--s-k", default="4096,16384", help="mean lengths of grids A and B, comma-separated")
+    parser.add_argument("--kv", default="fp8", choices=("fp8", "bf16"),
+                        help="the cache: FlashMLA's bf16 inputs, or their fp8 copy (per-tensor scale)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(":")]
-    row = next(r for r in submission.SERVING_ROUTE_TABLE if r["route"] == "hopper_paged" and r["kv"] == "fp8")
+    schedules = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(":")]
+    settings = list(itertools.product(parse_rows(args.rows), schedules))
+    labels = [f"{row_label(r)} {s[0]},{s[1]},{s[2]}" for r, s in settings]
+    print("settings (rows, schedule waves,min_chunk,max_splits):", "  |  ".join(labels), flush=True)
     flush = utils.L2Flusher("default")
     results = []
-    for grid, batch, s_q, h_q, s_k, varlen in cases():
+    for grid, batch, s_q, h_q, s_k, varlen in cases(args.grids.split(","), [int(v) for v in args.s_k.split(",")]):
         case = reference.generate_serving_input(batch, s_q, h_q, 64, s_k, 1, varlen=varlen, causal=s_q > 1,
                                                 kv="bf16", device="cuda")
-        cache8, scale8 = fp8_copy(case.k_cache)
+        cache, scale = (fp8_copy(case.k_cache) if args.kv == "fp8" else (case.k_cache, None))
         case.k_cache = None
-        times = time_settings(case, cache8, scale8, s_q, configs, row, flush, args.repeats)
-        results += [{"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "waves": c[0],
-                     "min_chunk": c[1], "max_splits": c[2], "median_us": t}
-                    for c, t in zip(configs, times, strict=True)]
-        print(f"{grid} b{batch:3d} sq{s_q} h{h_q:3d} sk{s_k:5d}: " + "  ".join(f"{t:7.1f}" for t in times), flush=True)
+        timed = time_settings(case, cache, scale, s_q, settings, flush, args.repeats)
+        for (row_config, schedule), label, (median, rel, lse_diff) in zip(settings, labels, timed, strict=True):
+            results.append({"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "kv": args.kv,
+                            "setting": label, "rows": row_config and row_config[0],
+                            "num_warps": row_config and row_config[1], "num_stages": row_config and row_config[2],
+                            "waves": schedule[0], "min_chunk": schedule[1], "max_splits": schedule[2],
+                            "median_us": median, "out_rel_l2_vs_first": rel, "lse_diff_vs_first": lse_diff})
+        print(f"{grid} b{batch:3d} sq{s_q} h{h_q:3d} sk{s_k:5d}: "
+              + "  ".join(f"{t:8.1f}{'!' if rel > 0.1 or lse > 0.1 else ''}" for t, rel, lse in timed), flush=True)
+        del cache, case
         torch.cuda.empty_cache()
-    print("configs (waves, min_chunk, max_splits):", configs)
-    for config in configs:
-        mine = [r for r in results if (r["waves"], r["min_chunk"], r["max_splits"]) == config]
-        geo = {g: statistics.geometric_mean([r["median_us"] for r in mine if r["grid"] in g])
-               for g in ("ABC", "C", "B")}
-        print(config, f"all {geo['ABC']:.1f}  C {geo['C']:.1f}  B {geo['B']:.1f}")
+    for label in labels:
+        mine = [r for r in results if r["setting"] == label]
+        geo = {g: statistics.geometric_mean([r["median_us"] for r in mine if r["grid"] == g])
+               for g in sorted({r["grid"] for r in mine})}
+        worst = max(r["out_rel_l2_vs_first"] for r in mine)
+        print(f"{label:24s} " + "  ".join(f"{g} {t:8.1f}" for g, t in geo.items())
+              + f"  (geomean us; worst out rel. L2 vs the first setting {worst:.1e})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -135,8 +135,8 @@ def _capture_launches(monkeypatch):
     TMA descriptors replaced by their format's name."""
     launched = []
     monkeypatch.setitem(submission._SM_COUNTS, torch.device("cpu"), 132)
-    monkeypatch.setattr(submission, "launch", lambda kernel, grid, tensors, scalars, constexprs, *a: launched.append(
-        (grid, tensors, scalars, constexprs)))
+    monkeypatch.setattr(submission, "launch", lambda kernel, grid, tensors, scalars, constexprs, *a, **k:
+                        launched.append((grid, tensors, scalars, constexprs)))
     monkeypatch.setattr(submission, "kv_descriptors", lambda kv, kv_format="fp8": (kv_format, kv_format))
     return launched
 
@@ -295,29 +295,110 @@ _SM90_COMPILE = """
 import json
 from tools import kernel_report as kr
 import submission
-params = next(row for row in submission.SERVING_ROUTE_TABLE if row["route"] == "hopper_paged")["params"]
 out = []
-for plan in submission.hopper_paged_compile_plan(params, "fp8e4nv", page_sizes=(64, 128)):
-    facts, _ = kr.compile_and_analyse(*kr.complete_plan_entry(plan, kr.TARGETS["sm90"]), kr.TARGETS["sm90"])
-    c = plan["constexprs"]
-    out.append([c["KV_FP8"], c["PAGE_SIZE"], c["CAUSAL"], facts["spill_parsed"], facts["spill_free"],
-                facts["lds_fits"], facts["spills"]])
+for row in submission.SERVING_ROUTE_TABLE:
+    if row["route"] != "hopper_paged":
+        continue
+    for plan in submission.hopper_paged_compile_plan(dict(row["params"], kv=row["kv"]), "fp8e4nv",
+                                                     page_sizes=(64, 128)):
+        facts, _ = kr.compile_and_analyse(*kr.complete_plan_entry(plan, kr.TARGETS["sm90"]), kr.TARGETS["sm90"])
+        c = plan["constexprs"]
+        out.append([row["kv"], c["NUM_HEADS"], c["WARPS"], c["STAGES"], c["PAGE_SIZE"], c["CAUSAL"],
+                    facts["spill_parsed"], facts["spill_free"], facts["lds_fits"], facts["spills"],
+                    facts["registers"], facts["lds_bytes"]])
 print(json.dumps(out))
 """
 
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="needs Triton's Gluon (3.6)")
 def test_paged_kernel_compiles_for_sm90_without_spills():
-    """The serving API's Hopper kernel (hopper_paged_compile_plan: fp8 and bf16 caches, pages of 64
-    and 128, causal masks on and off) compiles for sm_90 here, no GPU needed, with no spills and within shared memory
-    (NOTES.md h38). In a process of its own: under the interpreter triton.language's own jit
-    helpers are interpreted functions, which a compile cannot take."""
+    """The serving API's Hopper kernel, as every hopper_paged row of SERVING_ROUTE_TABLE configures
+    it (its cache format, rows, warps and ring slots), for pages of 64 and 128 and causal masks on
+    and off, compiles for sm_90 here, no GPU needed, with no spills and within shared memory, under
+    the route's own bound on it (NOTES.md h38). In a process of its own: under the interpreter
+    triton.language's own jit helpers are interpreted functions, which a compile cannot take."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", _SM90_COMPILE], cwd=root, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, TRITON_INTERPRET="0"))
+                          timeout=900, env=dict(os.environ, TRITON_INTERPRET="0"))
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [tuple(r[:3]) for r in results] == [(fp8, page, causal) for fp8 in (True, False) for page in (64, 128)
-                                               for causal in (False, True)]
-    for fp8, page, causal, parsed, spill_free, lds_fits, spills in results:
-        assert parsed and spill_free and lds_fits, (fp8, page, causal, spills)
+    rows = [row for row in submission.SERVING_ROUTE_TABLE if row["route"] == "hopper_paged"]
+    assert {row["kv"] for row in rows} == {"fp8", "bf16"}
+    assert [(r[0], r[1], r[4], r[5]) for r in results] == [
+        (row["kv"], row["params"].get("rows", submission.SERVING_ROWS), page, causal)
+        for row in rows for page in (64, 128) for causal in (False, True)]
+    for kv, rows_, warps, stages, page, causal, parsed, spill_free, lds_fits, spills, registers, lds in results:
+        config = (kv, rows_, warps, stages, page, causal, registers, spills)
+        assert parsed and spill_free and lds_fits, config
+        assert lds <= submission.hopper_shared_bytes_bound(stages, 2 if kv == "bf16" else 1, rows_), (config, lds)
+
+
+def _serving_row(shape, monkeypatch):
+    """The SERVING_ROUTE_TABLE row a plan of this shape takes on an H100/H200."""
+    monkeypatch.setattr(submission, "SERVING_ROUTES", {"triton_paged", "hopper_paged"})
+    return submission.serving_route_row(shape, submission.SERVING_ROUTE_TABLE)
+
+
+@pytest.mark.parametrize("kv", ("fp8", "bf16"))
+@pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (1, 8, 16), (2, 8, 16), (2, 16, 32), (1, 32, 32),
+                                          (1, 128, 32), (2, 128, 32), (3, 16, 32)])
+def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, rows):
+    """A plan with fewer than 32 query rows (s_q x h_q) takes the 16-row Hopper row; 32 or more the
+    row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows)."""
+    row = _serving_row((128, s_q, h_q, 64, kv, s_q > 1), monkeypatch)
+    assert row["route"] == "hopper_paged" and row["kv"] == kv
+    assert submission.route_rows(row) == rows and s_q * h_q >= row.get("min_rows", 0)
+    assert row["params"]["num_warps"] == (8 if rows == 32 else 4)
+    # pages smaller than a tile still go to the portable kernel, whose programs hold 16 rows
+    portable = _serving_row((128, s_q, h_q, 16, kv, s_q > 1), monkeypatch)
+    assert portable["route"] == "triton_paged" and submission.route_rows(portable) == submission.SERVING_ROWS
+
+
+def test_route_rows_default_to_16():
+    assert submission.route_rows({"route": "hopper_paged", "params": {"num_warps": 4}}) == 16
+    assert submission.route_rows({"route": "hopper_paged", "params": {"rows": 32}}) == 32
+    assert submission.route_rows({"route": "triton_paged", "params": {"rows": 32}}) == submission.SERVING_ROWS
+
+
+def test_residency_and_shared_bound_take_the_rows():
+    """q (rows x 576) and P^T (64 tokens x 2 bytes per row) grow with the rows; 8 warps hold one
+    program per SM whatever the rows (registers)."""
+    bound = submission.hopper_shared_bytes_bound
+    assert bound(2) == bound(2, 1, 16) and bound(3, 1, 32) - bound(3, 1, 16) == 16 * 576 + 2 * 16 * 64
+    assert bound(2, 2, 32) - bound(2, 2, 16) == 2 * 16 * 576 + 2 * 16 * 64
+    assert submission.hopper_programs_per_sm(8, 3, 1, 32) == 1 and submission.hopper_programs_per_sm(8, 2, 2, 32) == 1
+    assert bound(3, 1, 32) < submission.SM90_SHARED_PER_SM and bound(2, 2, 32) < submission.SM90_SHARED_PER_SM
+
+
+@pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 32, 8),
+                                                   ("bf16", 1, 128, 32, 8), ("bf16", 2, 8, 16, 4)])
+def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_q, rows, warps):
+    """_fill_plan cuts s_q x h_q into cdiv(s_q x h_q, rows) groups, aims for one chunk per program
+    slot (132 SMs x programs per SM), and sizes the partials (slots, 512, rows) and their lse
+    (slots, rows) by the route row's rows; the launch passes NUM_HEADS = rows, WARPS and the grid
+    (groups, chunks + batch). No kernel runs (a stand-in for launch() records it)."""
+    batch, page = 3, 64
+    launched = _capture_launches(monkeypatch)
+    monkeypatch.setattr(submission, "SERVING_ROUTES", {"triton_paged", "hopper_paged"})
+    gen = torch.Generator().manual_seed(0)
+    q = (torch.randn(batch, s_q, h_q, 576, generator=gen) / 4).to(torch.bfloat16)
+    cache = torch.randn(8, page, 1, 576, generator=gen).to(torch.bfloat16)
+    if kv == "fp8":
+        cache = cache.to(torch.float8_e4m3fn)
+    table = torch.arange(6, dtype=torch.int32).reshape(batch, 2)
+    lens = torch.tensor([100, 7, 128], dtype=torch.int32)
+    plan = submission.get_mla_decode_metadata()[0]
+    submission.mla_decode_with_kvcache(q, cache, table, lens, 512, plan, causal=s_q > 1,
+                                       k_scale=0.5 if kv == "fp8" else None)
+    assert plan.route["route"] == "hopper_paged" and submission.route_rows(plan.route) == rows
+    groups = math.ceil(s_q * h_q / rows)
+    params = plan.route["params"]
+    resident = 132 * submission.hopper_programs_per_sm(warps, params["num_stages"], 2 if kv == "bf16" else 1, rows)
+    assert plan.num_splits == max(1, params["waves"] * resident // groups)
+    slots = groups * (plan.num_splits + batch)
+    partial_o, partial_lse, tickets = plan.workspace
+    assert partial_o.shape == (slots, 512, rows) and partial_lse.shape == (slots, rows)
+    assert tickets.shape == (batch * groups,)
+    [(grid, _, _, constexprs)] = launched
+    assert grid == (groups, plan.num_splits + batch)
+    assert (constexprs["NUM_HEADS"], constexprs["WARPS"], constexprs["KV_FP8"]) == (rows, warps, kv == "fp8")

@@ -116,3 +116,34 @@ def test_api_reads_blocks_past_2_31_elements(kv):
                                                   k_scale=case["k_scale"])
     torch.cuda.synchronize()
     assert_right(case, out, lse, causal=True, kv=kv)
+
+
+@pytest.mark.skipif(not submission.HOPPER, reason="the Hopper route's rows per program: an H100/H200")
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+@pytest.mark.parametrize("s_q,h_q,lens", [
+    (2, 16, [5000, 300, 0, 2000]),  # 32 rows: one group, merges of 1-3 splits, an empty request
+    (1, 40, [700, 4100, 64]),  # 40 rows: a second group of 8 rows
+    (3, 16, [129, 2500, 1]),  # 48 rows, causal
+    (1, 128, [3000, 200]),  # 4 groups
+])
+def test_wide_rows_and_16_rows_are_right_on_the_same_inputs(monkeypatch, kv, s_q, h_q, lens):
+    """SERVING_ROUTE_TABLE's 32-row rows (8 warps) serve plans of 32 or more query rows; the same
+    inputs through the 16-row row (forced ahead of the table) are right too, and both agree."""
+    case = make_case(len(lens), s_q, h_q, 64, lens, kv=kv, seed=h_q + s_q)
+    causal = s_q > 1
+    plan = submission.get_mla_decode_metadata()[0]
+    wide = run(case, causal=causal, plan=plan)
+    assert plan.route["route"] == "hopper_paged" and submission.route_rows(plan.route) == 32
+    narrow_row = next(row for row in submission.SERVING_ROUTE_TABLE if row["route"] == "hopper_paged"
+                      and row["kv"] == kv and submission.route_rows(row) == 16)
+    monkeypatch.setattr(submission, "SERVING_ROUTE_TABLE", [narrow_row] + submission.SERVING_ROUTE_TABLE)
+    plan16 = submission.get_mla_decode_metadata()[0]
+    narrow = run(case, causal=causal, plan=plan16)
+    assert submission.route_rows(plan16.route) == 16
+    torch.cuda.synchronize()
+    for out, lse in (wide, narrow):
+        assert_right(case, out, lse, causal=causal, kv=kv)
+    attended = torch.isfinite(narrow[1]).permute(0, 2, 1)
+    rel = ((wide[0][attended].double() - narrow[0][attended].double()).norm()
+           / narrow[0][attended].double().norm()).item()
+    assert rel < (0.05 if kv == "fp8" else 0.01), rel  # fp8: q is quantised over other rows
