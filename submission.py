@@ -3177,15 +3177,13 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # over the batch (_serving_work; "waves": programs per SM slot it aims for, "min_chunk": the
 # shortest split); the schedule holds the batch's lengths in one warp, so up to 1024 requests;
 # "rows": query rows per program (16 where absent), each program one pass over its split's
-# tiles: 32 rows at 8 warps (two warpgroups, the same registers per thread as 16 at 4) serve 32
-# or more rows in half the passes, one program per SM (registers), so a third ring slot costs no
-# occupancy. Everything else: the portable kernel (NOTES.md h36, h38). num_stages 2 for bf16:
-# three 64-token bf16 tiles do not fit an H200's shared memory. Not here, by the sm_90 compile:
-# bf16 at 32 rows and 4 warps (spills 128 B), at 64 rows and 8 warps (spills 8-28 B at 255
-# registers).
+# tiles. A bf16 cache with 32 or more rows: 32 rows at 8 warps (two warpgroups, half the passes;
+# A 1.22x, B at two query tokens 1.34-1.42x the 16-row row's speed: NOTES.md h40). Not for fp8:
+# there 8 warps repack V in narrower pieces and 32 rows ran 0.78x (h40). Everything else: the
+# portable kernel (NOTES.md h36, h38). num_stages 2 for bf16: three 64-token bf16 tiles do not fit
+# an H200's shared memory. Not here, by the sm_90 compile: bf16 at 32 rows and 4 warps (spills
+# 128 B), at 64 rows and 8 warps (spills 8-28 B at 255 registers).
 SERVING_ROUTE_TABLE = [
-    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
-     "params": {"rows": 32, "num_warps": 8, "num_stages": 3, "waves": 1, "min_chunk": 256}},
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",

@@ -2,10 +2,12 @@
 on FlashMLA's own benchmark inputs, in one process, with the same inputs and timings.
 
     python bench/serving_peers.py [--grids A,B,C] [--flashmla BUILD] [--vllm-fp8 KIT] [--repeats 20]
-                                  [--json OUT] [--skip-32k]
+                                  [--json OUT] [--skip-32k] [--page 64]
+                                  [--baseline FILE] [--no-check]
 
 Grids (FlashMLA's benchmark: 128 requests, lengths normal around the mean s_k with spread s_k / 2,
-64-token pages, a permuted block table, NaN in every slot nobody attends; causal for s_q 2):
+64-token pages (--page: another size, for ours alone), a permuted block table, NaN in every slot
+nobody attends; causal for s_q 2):
   A: h_q 128, s_q 1 and 2, s_k 4096 .. 32768 (compute-bound);  B: h_q 16, same;
   C: the leaderboard's 8 uniform shapes (h_q 16, s_q 1) as a paged cache.
 Providers: ours over the bf16 cache and over its fp8 copy (per-tensor scale); FlashMLA's dense
@@ -164,6 +166,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--host-repeats", type=int, default=50)
     parser.add_argument("--skip-32k", action="store_true")
+    parser.add_argument("--page", type=int, default=64, help="page size (FlashMLA and vLLM's fork read 64 only)")
     parser.add_argument("--no-check", action="store_true", help="no float64 reference (times only)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--baseline", default=None, help="another submission.py, timed as the providers base *")
@@ -178,7 +181,7 @@ def main():
     flush = utils.L2Flusher("default")
     rows = []
     for grid, batch, s_q, h_q, s_k, varlen, causal in grid_cases(args.grids.split(","), args.skip_32k):
-        case = reference.generate_serving_input(batch, s_q, h_q, 64, s_k, 1, varlen=varlen, causal=causal,
+        case = reference.generate_serving_input(batch, s_q, h_q, args.page, s_k, 1, varlen=varlen, causal=causal,
                                                 kv="bf16", device="cuda")
         exact_out = exact_lse = None
         if not args.no_check:

@@ -340,11 +340,13 @@ def _serving_row(shape, monkeypatch):
 
 
 @pytest.mark.parametrize("kv", ("fp8", "bf16"))
-@pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (1, 8, 16), (2, 8, 16), (2, 16, 32), (1, 32, 32),
-                                          (1, 128, 32), (2, 128, 32), (3, 16, 32)])
-def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, rows):
-    """A plan with fewer than 32 query rows (s_q x h_q) takes the 16-row Hopper row; 32 or more the
-    row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows)."""
+@pytest.mark.parametrize("s_q,h_q,wide", [(1, 16, False), (1, 8, False), (2, 8, False), (2, 16, True),
+                                          (1, 32, True), (1, 128, True), (2, 128, True), (3, 16, True)])
+def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wide):
+    """A bf16 plan with fewer than 32 query rows (s_q x h_q) takes the 16-row Hopper row; 32 or
+    more the row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows).
+    fp8 plans take 16 rows at any count (32 rows at 8 warps measured slower: NOTES.md h40)."""
+    rows = 32 if wide and kv == "bf16" else 16
     row = _serving_row((128, s_q, h_q, 64, kv, s_q > 1), monkeypatch)
     assert row["route"] == "hopper_paged" and row["kv"] == kv
     assert submission.route_rows(row) == rows and s_q * h_q >= row.get("min_rows", 0)
@@ -370,7 +372,7 @@ def test_residency_and_shared_bound_take_the_rows():
     assert bound(3, 1, 32) < submission.SM90_SHARED_PER_SM and bound(2, 2, 32) < submission.SM90_SHARED_PER_SM
 
 
-@pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 32, 8),
+@pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 16, 4),
                                                    ("bf16", 1, 128, 32, 8), ("bf16", 2, 8, 16, 4)])
 def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_q, rows, warps):
     """_fill_plan cuts s_q x h_q into cdiv(s_q x h_q, rows) groups, aims for one chunk per program

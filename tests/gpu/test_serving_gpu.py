@@ -127,16 +127,21 @@ def test_api_reads_blocks_past_2_31_elements(kv):
     (1, 128, [3000, 200]),  # 4 groups
 ])
 def test_wide_rows_and_16_rows_are_right_on_the_same_inputs(monkeypatch, kv, s_q, h_q, lens):
-    """SERVING_ROUTE_TABLE's 32-row rows (8 warps) serve plans of 32 or more query rows; the same
-    inputs through the 16-row row (forced ahead of the table) are right too, and both agree."""
+    """32 rows per program at 8 warps (SERVING_ROUTE_TABLE's row for bf16 plans of 32 or more
+    query rows; for fp8 a configuration the sweep can force) and the 16-row row, each forced ahead
+    of the table, are right on the same inputs and agree."""
     case = make_case(len(lens), s_q, h_q, 64, lens, kv=kv, seed=h_q + s_q)
     causal = s_q > 1
+    table = submission.SERVING_ROUTE_TABLE
+    wide_row = {"kv": kv, "pages": (64, 128), "route": "hopper_paged",
+                "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256}}
+    narrow_row = next(row for row in table if row["route"] == "hopper_paged" and row["kv"] == kv
+                      and submission.route_rows(row) == 16)
+    monkeypatch.setattr(submission, "SERVING_ROUTE_TABLE", [wide_row] + table)
     plan = submission.get_mla_decode_metadata()[0]
     wide = run(case, causal=causal, plan=plan)
     assert plan.route["route"] == "hopper_paged" and submission.route_rows(plan.route) == 32
-    narrow_row = next(row for row in submission.SERVING_ROUTE_TABLE if row["route"] == "hopper_paged"
-                      and row["kv"] == kv and submission.route_rows(row) == 16)
-    monkeypatch.setattr(submission, "SERVING_ROUTE_TABLE", [narrow_row] + submission.SERVING_ROUTE_TABLE)
+    monkeypatch.setattr(submission, "SERVING_ROUTE_TABLE", [narrow_row] + table)
     plan16 = submission.get_mla_decode_metadata()[0]
     narrow = run(case, causal=causal, plan=plan16)
     assert submission.route_rows(plan16.route) == 16
