@@ -29,7 +29,6 @@ Measurements behind the choices are in NOTES.md under the ids cited.
 """
 import functools
 import hashlib
-import importlib
 import inspect
 import itertools
 import json
@@ -278,7 +277,8 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, fl
         if DIRECT_LAUNCH and isinstance(compiled, triton.compiler.CompiledKernel):
             # every constexpr in signature order, defaults included, as Triton's own launch passes them
             values = dict(keyword_defaults(kernel), **constexprs)
-            entry = _COMPILED[key] = (_direct_runner(compiled, (*grid, 1, 1)[:3], device),
+            _keep_descriptor_encodings(compiled)
+            entry = _COMPILED[key] = (compiled[(*grid, 1, 1)[:3]],
                                       tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
         return entry
     run_compiled, constexpr_values = entry
@@ -292,47 +292,40 @@ def _closure_cells(fn):
     return {} if code is None else dict(zip(code.co_freevars, fn.__closure__ or (), strict=True))
 
 
-def _direct_runner(compiled, grid, device):
-    """compiled[grid] as a function of the kernel's arguments, calling Triton 3.6's C launch
-    function itself: what Triton's runner and CudaLauncher do in Python on every launch (look up
-    the device and its queue, the launch hooks, scratch allocations of size 0, and re-encode each
-    TMA descriptor's CUtensorMap) costs several microseconds of host time per call; here only the
-    queue is looked up per call (a CUDA graph's capture changes it), and a TMA descriptor's
-    arguments are encoded once per descriptor object (h39). Falls back to compiled[grid] where the
-    launcher is not the one this was written against (its scratch, its wrapper's variables)."""
-    fallback = compiled[grid]  # also loads the kernel's module on the device (_init_handles)
+def _keep_descriptor_encodings(compiled):
+    """Triton 3.6's launcher encodes every TMA descriptor argument into a fresh CUtensorMap
+    (make_tensordesc_arg: cuTensorMapEncodeTiled and a Python object) on every launch, in the
+    wrapper around its C launch function. Replace that wrapper on this compiled kernel by one that
+    passes the same arguments but keeps each descriptor's encoding on the descriptor (per kernel:
+    the encoding depends on the kernel's view of it), so a descriptor reused across calls is
+    encoded once (h39). Kernels without descriptors, and launchers that are not the 3.6 one (the
+    wrapper's variables), are left as they are."""
     run = compiled.run
     cells = _closure_cells(run.launch)
-    c_launch = cells["launcher"].cell_contents if "launcher" in cells else run.launch
-    if (not callable(c_launch) or getattr(c_launch, "__code__", None) is not None
-            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
-            or getattr(run, "num_ctas", 0) != 1 or not hasattr(torch._C, "_cuda_getCurrentRawStream")):
-        return fallback
-    descriptor_places = sorted(cells["tensordesc_indices"].cell_contents) if "tensordesc_indices" in cells else []
-    descriptor_meta = cells["tensordesc_meta"].cell_contents if "tensordesc_meta" in cells else []
-    make_descriptor_args = getattr(importlib.import_module("triton.backends.nvidia.driver"), "make_tensordesc_arg",
-                                   None) if descriptor_places else None
-    if descriptor_places and (make_descriptor_args is None or len(descriptor_meta) != len(descriptor_places)):
-        return fallback
-    head = (*grid, None, compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-            compiled.packed_metadata, None, None, None)
-    queue = torch._C._cuda_getCurrentRawStream
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    names = ("launcher", "tensordesc_indices", "tensordesc_meta")
+    if getattr(run, "descriptor_encodings_kept", False) or not all(name in cells for name in names):
+        return
+    try:
+        from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN as first  # launch arguments before the kernel's
+        from triton.backends.nvidia.driver import make_tensordesc_arg as encode
+    except ImportError:
+        return
+    c_launch, places, metas = (cells[name].cell_contents for name in names)
+    places = sorted(places)
+    if metas is None or len(metas) != len(places):
+        return
 
-    def expand(args):
+    def launch(*args):
         args = list(args)
-        for place, meta in zip(reversed(descriptor_places), reversed(descriptor_meta), strict=True):
-            descriptor = args[place]
-            # encoded once per descriptor and kernel, kept on the descriptor (it lives as long as they do)
-            known = descriptor.__dict__.setdefault("_launch_args", {})
+        for place, meta in zip(reversed(places), reversed(metas), strict=True):
+            descriptor = args[first + place]
+            known = descriptor.__dict__.setdefault("launch_arguments", {})  # lives as long as the descriptor
             if id(meta) not in known:
-                known[id(meta)] = make_descriptor_args(descriptor, meta)
-            args[place:place + 1] = known[id(meta)]
-        return args
-
-    def runner(*args):
-        c_launch(*head[:3], queue(index), *head[4:], *(expand(args) if descriptor_places else args))
-    return runner
+                known[id(meta)] = encode(descriptor, meta)
+            args[first + place:first + place + 1] = known[id(meta)]
+        return c_launch(*args)
+    run.launch = launch
+    run.descriptor_encodings_kept = True
 
 
 _SM_COUNTS = {}  # device -> multiprocessors (SMs)

@@ -178,7 +178,7 @@ def fake_direct_launch(monkeypatch):
     monkeypatch.setattr(submission, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(submission, "keyword_defaults", lambda k: {"M": 7})
     monkeypatch.setattr(submission.triton.compiler, "CompiledKernel", _FakeCompiled)
-    monkeypatch.setattr(submission, "_direct_runner", lambda compiled, grid, device: compiled[grid])
+    monkeypatch.setattr(submission, "_keep_descriptor_encodings", lambda compiled: None)
     monkeypatch.setattr(submission, "_COMPILED", {})
 
 
@@ -210,38 +210,44 @@ def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
 
 
 
-def test_direct_runner_passes_what_tritons_launcher_passes(monkeypatch):
-    """_direct_runner calls Triton 3.6's C launch function with exactly the arguments Triton's own
-    CudaLauncher passes it (the real wrapper that expands TMA descriptors, over a recording C
-    function), encodes each descriptor once, and looks the queue up on every call."""
+def test_kept_descriptor_encodings_launch_what_triton_launches(monkeypatch):
+    """_keep_descriptor_encodings: the compiled kernel's launcher (Triton 3.6's CudaLauncher with
+    its real descriptor wrapper, over a recording C launch function) passes the C function exactly
+    the arguments the unwrapped launcher passes, and encodes a descriptor once however often it is
+    launched; a second call does not wrap twice."""
     from triton.backends.nvidia import driver as nv
     from triton.compiler.compiler import CompiledKernel
 
-    calls, encodings = [], []
-    c_launch = functools.partial(lambda *args: calls.append(args))  # no __code__, like a C function
-    make_arg = nv.make_tensordesc_arg
-    monkeypatch.setattr(nv, "make_tensordesc_arg", lambda arg, meta: encodings.append(arg) or make_arg(arg, meta))
-    signature = {"Q": "*bf16", "DESC": "tensordesc<fp8e4nv[64, 128]>", "n": "i32", "RING": "constexpr"}
-    launcher = nv.CudaLauncher.__new__(nv.CudaLauncher)
-    launcher.launch = nv.wrap_handle_tensordesc(c_launch, signature, None)
-    launcher.num_ctas, launcher.global_scratch_size, launcher.profile_scratch_size = 1, 0, 0
-    launcher.global_scratch_align = launcher.profile_scratch_align = 1
-    launcher.launch_cooperative_grid, launcher.launch_pdl = False, False
-    compiled = CompiledKernel.__new__(CompiledKernel)
-    compiled._run, compiled.module, compiled.function, compiled.packed_metadata = launcher, object(), 1234, (4, 1, 0)
-    queues = iter([77, 78])
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: next(queues), raising=False)
+    def compiled_kernel(calls):
+        signature = {"Q": "*bf16", "DESC": "tensordesc<fp8e4nv[64, 128]>", "n": "i32", "RING": "constexpr"}
+        launcher = nv.CudaLauncher.__new__(nv.CudaLauncher)
+        launcher.launch = nv.wrap_handle_tensordesc(functools.partial(lambda *args: calls.append(args)), signature,
+                                                    None)
+        launcher.num_ctas, launcher.global_scratch_size, launcher.profile_scratch_size = 1, 0, 0
+        launcher.global_scratch_align = launcher.profile_scratch_align = 1
+        launcher.launch_cooperative_grid, launcher.launch_pdl = False, False
+        compiled = CompiledKernel.__new__(CompiledKernel)
+        compiled._run, compiled.module, compiled.function, compiled.packed_metadata = launcher, 1, 1234, (4, 1, 0)
+        return compiled
 
-    runner = submission._direct_runner(compiled, (3, 2, 1), torch.device("cuda", 0))
+    encodings = []
+    encode = nv.make_tensordesc_arg
+    monkeypatch.setattr(nv, "make_tensordesc_arg", lambda arg, meta: encodings.append(arg) or encode(arg, meta))
+    kept_calls, triton_calls = [], []
+    kept, plain = compiled_kernel(kept_calls), compiled_kernel(triton_calls)
+    submission._keep_descriptor_encodings(kept)
+    wrapper = kept.run.launch
+    submission._keep_descriptor_encodings(kept)
+    assert kept.run.launch is wrapper
     q = torch.zeros(4)
     descriptor = types.SimpleNamespace(base=torch.zeros(8, 16), shape=[8, 16], strides=[16, 1], padding="zero")
-    runner(q, descriptor, 5, 2)
-    runner(q, descriptor, 6, 2)
-    nv.CudaLauncher.__call__(launcher, 3, 2, 1, 78, 1234, (4, 1, 0), None, None, None, q, descriptor, 6, 2)
-    assert len(calls) == 3 and calls[1] == calls[2] and calls[0][3] == 77 and calls[1][3] == 78
-    assert len(encodings) == 2, "once for the runner's two launches, once for Triton's own"
-    assert calls[0][:3] == (3, 2, 1) and calls[0][4] == 1234 and calls[0][9] == (4, 1, 0)
-    assert calls[0][13] is q and calls[0][14] is descriptor.base and calls[0][-2:] == (5, 2)
+    for n in (5, 6, 5):
+        for compiled in (kept, plain):
+            nv.CudaLauncher.__call__(compiled.run, 3, 2, 1, 77, compiled.function, compiled.packed_metadata, None,
+                                     None, None, q, descriptor, n, 2)
+    assert kept_calls == triton_calls and len(kept_calls) == 3
+    assert len(encodings) == 1 + 3, "once for the kept launcher's three launches, three times for Triton's own"
+    assert kept_calls[0][13] is q and kept_calls[0][14] is descriptor.base and kept_calls[1][-2:] == (6, 2)
 
 
 # ---------------------------------------------------------------------------------------------
