@@ -298,7 +298,7 @@ def _keep_descriptor_encodings(compiled):
     wrapper around its C launch function. Replace that wrapper on this compiled kernel by one that
     passes the same arguments but keeps each descriptor's encoding on the descriptor (per kernel:
     the encoding depends on the kernel's view of it), so a descriptor reused across calls is
-    encoded once (h39). Kernels without descriptors, and launchers that are not the 3.6 one (the
+    encoded once (NOTES.md h39a). Kernels without descriptors, and launchers that are not the 3.6 one (the
     wrapper's variables), are left as they are."""
     run = compiled.run
     cells = _closure_cells(run.launch)

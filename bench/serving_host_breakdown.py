@@ -1,44 +1,33 @@
 """What one eager call of the serving API (submission.mla_decode_with_kvcache) spends on the host,
-part by part, on a warm host with a spin kernel queued ahead (so every part only enqueues work).
+part by part, on a warm host with a spin kernel queued ahead (so every part only enqueues work:
+serving_peers.host_time's busy measure).
 
     python bench/serving_host_breakdown.py [--flashmla BUILD] [--repeats 300]
 
-Parts, each timed alone in a loop of its own (median of --repeats, perf_counter):
+Parts, each timed alone (median of --repeats, perf_counter):
   call       the whole call, as an engine makes it (the plan's signature seen before)
   signature  _serving_signature: the call's shapes, strides, dtypes and devices as one tuple
   lookup     plan.launches.get(signature)
   outputs    the two torch.empty of out and lse
-  launch     the recorded launch alone (Triton's C launch function with this call's arguments)
+  launch     the recorded launch alone (the compiled kernel's launcher with this call's arguments)
 and FlashMLA's flash_mla_with_kvcache on the same bf16 inputs where --flashmla names its build.
 The rest of `call` is the code between the parts (the alignment check, the route test).
 """
 import argparse
 import importlib
 import os
-import statistics
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
 import torch  # noqa: E402
 
 import reference  # noqa: E402
 import submission  # noqa: E402
+from serving_peers import host_time  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 CASES = [(128, 1, 16, 4096, "fp8"), (128, 2, 128, 4096, "fp8"), (4, 1, 16, 1024, "fp8"), (128, 1, 16, 4096, "bf16")]
-
-
-def timed(fn, repeats):
-    """Median host time of fn in us, each repeat behind a queued spin kernel (a warm, busy GPU)."""
-    times = []
-    for _ in range(repeats):
-        torch.cuda._sleep(200_000)
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def breakdown(batch, s_q, h_q, s_k, kv, flash_mla, repeats):
@@ -71,7 +60,7 @@ def breakdown(batch, s_q, h_q, s_k, kv, flash_mla, repeats):
         meta = flash_mla.get_mla_metadata()[0]
         parts["FlashMLA"] = lambda: flash_mla.flash_mla_with_kvcache(q, cache, table, lens, 512, meta, causal=causal)
         parts["FlashMLA"]()
-    return {name: timed(fn, repeats) for name, fn in parts.items()}, plan.route["route"]
+    return {name: host_time(fn, repeats, busy=True) for name, fn in parts.items()}, plan.route["route"]
 
 
 def main():
