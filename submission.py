@@ -298,12 +298,13 @@ def _keep_descriptor_encodings(compiled):
     wrapper around its C launch function. Replace that wrapper on this compiled kernel by one that
     passes the same arguments but keeps each descriptor's encoding on the descriptor (per kernel:
     the encoding depends on the kernel's view of it), so a descriptor reused across calls is
-    encoded once (NOTES.md h39a). Kernels without descriptors, and launchers that are not the 3.6 one (the
-    wrapper's variables), are left as they are."""
+    encoded once (NOTES.md h39a). Kernels without descriptors, launchers that are not the 3.6 one (the
+    wrapper's variables) and launchers wrapped here already (this wrapper has none of them) are left
+    as they are."""
     run = compiled.run
     cells = _closure_cells(run.launch)
     names = ("launcher", "tensordesc_indices", "tensordesc_meta")
-    if getattr(run, "descriptor_encodings_kept", False) or not all(name in cells for name in names):
+    if not all(name in cells for name in names):  # no descriptors, another Triton, or wrapped already
         return
     try:
         from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN as first  # launch arguments before the kernel's
@@ -325,7 +326,6 @@ def _keep_descriptor_encodings(compiled):
             args[first + place:first + place + 1] = known[id(meta)]
         return c_launch(*args)
     run.launch = launch
-    run.descriptor_encodings_kept = True
 
 
 _SM_COUNTS = {}  # device -> multiprocessors (SMs)

@@ -24,9 +24,8 @@ import torch  # noqa: E402
 
 import reference  # noqa: E402
 import submission  # noqa: E402
-from serving_peers import host_time  # noqa: E402
+from serving_peers import fp8_copy, host_time  # noqa: E402
 
-FP8 = torch.float8_e4m3fn
 CASES = [(128, 1, 16, 4096, "fp8"), (128, 2, 128, 4096, "fp8"), (4, 1, 16, 1024, "fp8"), (128, 1, 16, 4096, "bf16")]
 
 
@@ -35,9 +34,7 @@ def breakdown(batch, s_q, h_q, s_k, kv, flash_mla, repeats):
     case = reference.generate_serving_input(batch, s_q, h_q, 64, s_k, 1, varlen=True, causal=s_q > 1, kv="bf16",
                                             device="cuda")
     q, table, lens, causal = case.q, case.block_table, case.cache_seqlens, case.causal
-    cache, k_scale = case.k_cache, None
-    if kv == "fp8":
-        cache, k_scale = case.k_cache.nan_to_num(0.0).to(FP8), 1.0
+    cache, k_scale = fp8_copy(case.k_cache) if kv == "fp8" else (case.k_cache, None)
     plan = submission.get_mla_decode_metadata()[0]
 
     def call():

@@ -325,7 +325,7 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
     rows = [row for row in submission.SERVING_ROUTE_TABLE if row["route"] == "hopper_paged"]
     assert {row["kv"] for row in rows} == {"fp8", "bf16"}
     assert [(r[0], r[1], r[4], r[5]) for r in results] == [
-        (row["kv"], row["params"].get("rows", submission.SERVING_ROWS), page, causal)
+        (row["kv"], submission.route_rows(row), page, causal)
         for row in rows for page in (64, 128) for causal in (False, True)]
     for kv, rows_, warps, stages, page, causal, parsed, spill_free, lds_fits, spills, registers, lds in results:
         config = (kv, rows_, warps, stages, page, causal, registers, spills)

@@ -209,7 +209,6 @@ def test_launch_goes_direct_only_for_a_launch_already_seen(monkeypatch):
     assert kernel.dispatched == 5 and len(compiled.launches) == 1
 
 
-
 def test_kept_descriptor_encodings_launch_what_triton_launches(monkeypatch):
     """_keep_descriptor_encodings: the compiled kernel's launcher (Triton 3.6's CudaLauncher with
     its real descriptor wrapper, over a recording C launch function) passes the C function exactly
