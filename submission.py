@@ -1574,6 +1574,93 @@ def _serving_work(CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_
 
 
 @gluon.jit
+def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chunk, MAX_SPLITS: gl.constexpr,
+                BATCH_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+    """The span schedule, computed by every program from cache_seqlens (no host sync: a replayed
+    graph follows new lengths). The batch's tiles, request after request (each request counts
+    cdiv(length, BLOCK_N) tiles, at least one: an empty or poisoned request still writes its
+    rows), are cut into `used` spans of equal length, one per program: a program's time is its
+    share of the batch's tokens, whatever the lengths (NOTES.md h42). `used`: at most `programs`,
+    each span at least min_chunk tokens' worth of tiles, and so many that no request meets more
+    than MAX_SPLITS spans (its merge's widest layout). A span's part of each request it touches
+    is one segment; a request's splits are the spans it meets, numbered from its first. Returns
+    (whether this call takes spans rather than _serving_work's chunks, the program's segments,
+    its first request, that request's first tile, the batch's tiles, used); _span_segment steps
+    from there request by request, in scalars."""
+    LAYOUT: gl.constexpr = _batch_layout(BATCH_BLOCK, WARPS)
+    i = gl.arange(0, BATCH_BLOCK, layout=LAYOUT)
+    raw = gl.load(CACHE_SEQLENS + i, mask=i < batch_size, other=0)
+    lengths = gl.where((raw < 0) | (raw > capacity), 0, raw)
+    units = gl.where(i < batch_size, gl.maximum(gl.cdiv(lengths, BLOCK_N), 1), 0)
+    ends = gl.associative_scan(units, 0, _add)
+    starts = ends - units
+    total = gl.sum(units, 0)
+    used = gl.minimum(gl.minimum(programs, total // gl.maximum(min_chunk // BLOCK_N, 1)),
+                      (MAX_SPLITS - 1) * total // gl.max(units, 0))
+    used = gl.maximum(used, 1)
+    span_begin, span_end = _span_bounds(program, total, used)
+    before = ends <= span_begin  # requests wholly before the span
+    request = gl.sum(before.to(gl.int32), 0)
+    segments = gl.maximum(gl.sum(((starts < span_end) & (i < batch_size)).to(gl.int32), 0) - request, 0)
+    tile_begin = gl.sum(gl.where(before, units, 0), 0)
+    # Which schedule this call takes: each one's time in tiles of its busiest program (a merge
+    # costs 3/8 of a tile per pass, a pass per split-count class of _store_serving; the spans'
+    # widest request meets at most cdiv(its tiles x used, total) + 1 spans), the spans only when
+    # strictly shorter. Chunks (_serving_work) keep a uniform batch's requests whole or evenly cut,
+    # spans cut across requests and merge more (NOTES.md h42).
+    widest = gl.max(units, 0)
+    chunk = gl.maximum(gl.maximum(gl.cdiv(gl.sum(lengths, 0), programs), gl.cdiv(gl.max(lengths, 0), MAX_SPLITS)),
+                       min_chunk)
+    chunk_tiles = gl.cdiv(chunk, BLOCK_N)
+    chunk_splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(units, chunk_tiles), 1), 0)
+    items = gl.sum(chunk_splits, 0)
+    biggest = gl.minimum(chunk_tiles, widest)
+    chunk_time = gl.where(items <= programs, biggest, gl.cdiv(total, programs) + biggest) * 8 \
+        + 3 * _merge_passes(gl.max(chunk_splits, 0))
+    span_splits = gl.minimum(((widest.to(gl.int64) * used + total - 1) // total).to(gl.int32) + 1, MAX_SPLITS)
+    span_time = gl.cdiv(total, used) * 8 + 3 * _merge_passes(span_splits)
+    spans = span_time < chunk_time
+    return spans, segments, request, tile_begin, total, used
+
+
+@gluon.jit
+def _merge_passes(splits):
+    """The passes _store_serving's merge makes over a request of this many splits: 0 for one
+    split, else its layout's split count (4, 8 or 16)."""
+    return gl.where(splits <= 1, 0, gl.where(splits <= 4, 4, gl.where(splits <= 8, 8, 16)))
+
+
+@gluon.jit
+def _span_bounds(program, total, used):
+    """The tiles of the batch's sequence in program `program`'s span: [p x total / used, (p + 1) x
+    total / used)."""
+    return (((program.to(gl.int64) * total) // used).to(gl.int32),
+            (((program + 1).to(gl.int64) * total) // used).to(gl.int32))
+
+
+@gluon.jit
+def _span_segment(CACHE_SEQLENS, program, request, tile_begin, total, used, capacity, BLOCK_N: gl.constexpr):
+    """A segment of _span_start's schedule: this program's part of `request`, whose tiles start at
+    tile_begin. Returns (split, the request's split count, its first partial slot, split begin
+    and end in tokens, request length, poison, the request's end tile). A length < 0 or >
+    capacity (what the request's block-table row holds) is poisoned: NaN rows, nothing read
+    (NOTES.md h38)."""
+    raw = gl.load(CACHE_SEQLENS + request)
+    seq_len = gl.where((raw < 0) | (raw > capacity), 0, raw)
+    tile_end = tile_begin + gl.maximum(gl.cdiv(seq_len, BLOCK_N), 1)
+    span_begin, span_end = _span_bounds(program, total, used)
+    first_span = (((tile_begin + 1).to(gl.int64) * used - 1) // total).to(gl.int32)
+    last_span = ((tile_end.to(gl.int64) * used - 1) // total).to(gl.int32)
+    split_begin = (gl.maximum(span_begin, tile_begin) - tile_begin) * BLOCK_N
+    split_end = gl.minimum((gl.minimum(span_end, tile_end) - tile_begin) * BLOCK_N, seq_len)
+    poison = gl.where(raw != seq_len, float("nan"), 0.0)
+    # partial slots first_span + request ...: one run per request, after the previous request's
+    # (its last span <= this one's first), below used + batch
+    return (program - first_span, last_span - first_span + 1, first_span + request, split_begin, split_end, seq_len,
+            poison, tile_end)
+
+
+@gluon.jit
 def _tile_block(BT_ROW, kv_begin, t, num_tiles, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """The block id of the split's tile t (0 past its last tile: nothing read)."""
     return gl.load(BT_ROW + (kv_begin + t * BLOCK_N) // PAGE_SIZE, mask=t < num_tiles, other=0)
@@ -1659,12 +1746,13 @@ def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, n
 
 @gluon.jit
 def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_TICKETS, request, group, work, num_splits, first_work, num_heads, q_len,
-                   stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                   PARTIAL_LSE, SPLIT_TICKETS, request, group, work, slots, num_splits, first_work, num_heads,
+                   q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
                    stride_lse_token, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
                    LATENT: gl.constexpr, CHUNK: gl.constexpr, KV_FP8: gl.constexpr):
     """The serving API's epilogue. A request of one split writes its rows of out and lse; otherwise
-    each split writes a float32 partial and its base-2 lse in slot (group, work item), and the
+    each split writes a float32 partial and its base-2 lse in slot group x slots + work (work:
+    the request's first partial slot plus the split; slots: partial slots per row group), and the
     split that draws the request's last ticket merges them (_merge_serving, a layout per split
     count class) and resets the ticket. Rows with nothing attended: out 0, lse +inf; `poison`
     (0 or NaN) reaches out and lse."""
@@ -1682,7 +1770,6 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
         _store_chunks(out0, out1, out2, out3, out_base, head_scale, LATENT, CHUNK, out_rows, row_ok)
         gl.store(lse_rows, _natural_lse(lse2), mask=row_ok)
     else:
-        slots = gl.num_programs(1)
         slot_id = group * slots + work
         _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * (LATENT * NUM_HEADS), 1.0 / safe_sum, LATENT,
                       CHUNK)
@@ -1706,6 +1793,136 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
 
 
 @gluon.jit
+def _split_tiles(
+    lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
+    kv_begin, kv_end, num_tiles, consumed, bt_row, sm_scale_log2, kv_rows, num_blocks, seq_len, group, num_heads,
+    q_len, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr,
+    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
+):
+    """One split's tiles in _hopper_decode: tokens [kv_begin, kv_end) of one request (custom_kernel:
+    of one row) for the program's query rows, q in registers; the ring's tiles numbered on from
+    `consumed` (the tiles the program's earlier splits read). Loads the tiles, runs the online
+    softmax and P.V; returns (the four P.V accumulators, running max, row sums, whether a used
+    block id was outside the cache). The caller writes the epilogue."""
+    NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
+    TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) * (1 if KV_FP8 else 2)
+    SERVING: gl.constexpr = PAGE_SIZE > 0
+    bad_blocks = 0
+
+    # The first STAGES - 1 tile loads fly while q is quantised. An empty split (a row shorter than
+    # the split grid) needs no q; the branch also keeps the quantisation after the issue, ahead of
+    # which ptxas would otherwise schedule q's amax, making the issue wait for q (h33). The empty
+    # path's barrier orders the ring barriers' init before their invalidation; without it Triton
+    # puts that barrier at the tile loop's exit, on every path (h35).
+    for t in gl.static_range(STAGES - 1):
+        if SERVING:
+            block = _tile_block(bt_row, kv_begin, t, num_tiles, BLOCK_N, PAGE_SIZE)
+            row, bad = _paged_row(block, kv_begin + t * BLOCK_N, t < num_tiles, num_blocks, kv_rows, PAGE_SIZE)
+            bad_blocks |= bad
+        else:
+            row = kv_begin + t * BLOCK_N
+        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index((consumed + t) % STAGES),
+                   (consumed + t) % STAGES, row, t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+    if SERVING:
+        next_block = _tile_block(bt_row, kv_begin, STAGES - 1, num_tiles, BLOCK_N, PAGE_SIZE)
+    score_scale = 0.0
+    if num_tiles > 0:
+        if KV_FP8:
+            score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
+        else:
+            _stage_q_bf16(q0, q1, q2, q3, qr, q_latent, q_rope)
+            score_scale = sm_scale_log2 * kv_scale
+    else:
+        gl.thread_barrier()
+
+    # Tiles.
+    running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))
+    row_sums = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
+    P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 else NUM_HEADS
+    acc0 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
+    acc1 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
+    acc2 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
+    acc3 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
+    tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
+    no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
+    if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
+        _, row_token, _ = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(0, S_MMA))
+        row_limits = gl.expand_dims(gl.minimum(kv_end, seq_len - q_len + 1 + row_token), 0)
+    for i in range(num_tiles):
+        gl.thread_barrier()  # every warp is done with the slot the next load overwrites
+        ahead = i + STAGES - 1
+        if SERVING:
+            row, bad = _paged_row(next_block, kv_begin + ahead * BLOCK_N, ahead < num_tiles, num_blocks, kv_rows,
+                                  PAGE_SIZE)
+            bad_blocks |= bad
+            next_block = _tile_block(bt_row, kv_begin, ahead + 1, num_tiles, BLOCK_N, PAGE_SIZE)
+        else:
+            row = kv_begin + ahead * BLOCK_N
+        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index((consumed + ahead) % STAGES),
+                   (consumed + ahead) % STAGES, row, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+        slot = (consumed + i) % STAGES
+        mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)
+        scores = warpgroup_mma_wait(0, deps=(_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores,
+                                                           NUM_CHUNKS),))
+        positions = kv_begin + i * BLOCK_N + tokens
+        if CAUSAL:
+            valid = gl.expand_dims(positions, 1) < row_limits
+        else:
+            valid = gl.expand_dims(positions < kv_end, 1)
+        if SERVING:
+            if kv_begin + (i + 1) * BLOCK_N > kv_end:
+                _zero_tail(kv_latent, slot * NUM_CHUNKS, kv_end - kv_begin - i * BLOCK_N, NUM_CHUNKS, BLOCK_N, CHUNK,
+                           WARPS)
+        probs, correction, running_max, row_sums = _online_softmax(scores, valid, score_scale, running_max, row_sums,
+                                                                   CAUSAL)
+        if KV_FP8:
+            correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)
+            acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
+                                              correction2, WARPS, O_MMA, CHUNK)
+        else:
+            _store_probs_bf16(probs, pt_smem)
+            acc0, acc1, acc2, acc3 = _pv_tile_bf16(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
+                                                   correction)
+
+    return acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks
+
+
+@gluon.jit
+def _serve_segment(
+    Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale, BLOCK_TABLE, OUT, LSE,
+    PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, request, live, group, split, num_splits, first_work, kv_begin, kv_end,
+    seq_len, poison, consumed, sm_scale_log2, kv_rows, num_blocks, slots, num_heads, q_len, stride_q_batch,
+    stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
+    stride_lse_head, stride_lse_token, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+    LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+    ROWS: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
+):
+    """One split of a request on the serving API's pages (split `split` of num_splits, tokens
+    [kv_begin, kv_end), partial slots from first_work): q's rows, the tiles (_split_tiles, the
+    ring numbered on from `consumed`), then the request's rows or this split's partial and, for
+    the split that finishes the request, its merge (_store_serving). Returns consumed plus the
+    tiles read. A work item past the last request (`live` false) reads and writes nothing."""
+    row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
+    q0, q1, q2, q3, qr = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT,
+                                 ROPE, q_token * stride_q_token + head * stride_q_head, row_ok & live)
+    num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
+    acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks = _split_tiles(
+        lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
+        kv_begin, kv_end, num_tiles, consumed, BLOCK_TABLE + request.to(gl.int64) * stride_bt, sm_scale_log2, kv_rows,
+        num_blocks, seq_len, group, num_heads, q_len, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT,
+        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA)
+    if live:
+        _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
+                       poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
+                       SPLIT_TICKETS, request, group, first_work + split, slots, num_splits, first_work, num_heads,
+                       q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                       stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK, KV_FP8)
+    return consumed + num_tiles
+
+
+@gluon.jit
 def _hopper_decode(
     Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
     PARTIAL_LSE, SPLIT_TICKETS,
@@ -1716,7 +1933,7 @@ def _hopper_decode(
     COOPERATIVE_MERGE: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
     KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
     NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
-    KV_FP8: gl.constexpr = True,
+    KV_FP8: gl.constexpr = True, SPANS: gl.constexpr = False,
     TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
 ):
     """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; the split
@@ -1728,8 +1945,11 @@ def _hopper_decode(
     WARPS = 4 or 8 (at 8 the two warpgroups split S's query rows and P.V's latent dims). custom_kernel: grid
     (batch, NUM_SPLITS), the 16 heads of row `batch`'s token, equal splits of each row. Serving
     API: grid (row groups, work items), rows (query token, head) group * NUM_HEADS ... of a
-    request, the work items a token-balanced schedule computed from cache_seqlens
-    (_serving_work), causal masks per query token, lse written. The figures below are for 16 rows.
+    request, causal masks per query token, lse written; the work items a schedule computed from
+    cache_seqlens: a chunk of one request each (_serving_work), or, with SPANS and where
+    _span_start's cost model takes them, one span of the batch's tiles each, the program looping
+    over the requests it meets (_span_segment; the ring's barriers count on across them). The
+    figures below are for 16 rows.
     Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
     fp8 bytes, loaded by TMA (4 boxes of 128 latent dims + 1 of 64 rope dims) into a ring of
     STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed (on pages, the block
@@ -1739,7 +1959,8 @@ def _hopper_decode(
     P^T in fp8 (_store_probs);  for each 128-dim chunk of V: read from the ring slot straight into
     the MMA's register fragment of V_c^T (bytes repacked in registers, see _pv_chunk),
     acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB
-    of P: STAGES 2 fits two programs per SM (237-255 registers per thread at 4 warps, no spills:
+    of P: STAGES 2 fits two programs per SM (237-255 registers per thread at 4 warps, no spills
+    but in the span kernel's segment loop, outside its tile loops:
     docs/kernel_report.md).
     A bf16 cache (the API only): q stays bf16, S and P.V are bf16 wgmma, P^T is bf16 and V^T is
     the ring slot read transposed by the MMA (_pv_tile_bf16); 72 KiB tiles, one program per SM.
@@ -1752,7 +1973,6 @@ def _hopper_decode(
     or block ids are impossible."""
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     KV_DTYPE: gl.constexpr = gl.float8e4nv if KV_FP8 else gl.bfloat16
-    TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) * (1 if KV_FP8 else 2)
     MMA_K: gl.constexpr = 32 if KV_FP8 else 16  # the MMA's k per instruction: 32 bytes
     P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 else NUM_HEADS  # fp8 P is two fp8 terms per row
     SERVING: gl.constexpr = PAGE_SIZE > 0
@@ -1769,7 +1989,7 @@ def _hopper_decode(
     # has one query row per batch row: q is read at row `batch`, and a qo_indptr that says
     # otherwise poisons the row (_row_poison, used only in the epilogue). TMA reads zeros outside
     # the cache; the range is also cut to the cache's rows, so a row far outside it loops over no
-    # tiles. On pages the schedule comes first (it names the request), then q, the scale and the
+    # tiles. On pages each segment's schedule comes first (it names the request), then q and the
     # first tiles' block ids.
     pid0 = gl.program_id(0)
     pid1 = gl.program_id(1)
@@ -1779,17 +1999,10 @@ def _hopper_decode(
         kv_scale = kv_scale_value
     if SERVING:
         group = pid0
-        work = pid1
-        request, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = _serving_work(
-            CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
-            WARPS)
-        live = request < batch_size
-        row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
-        q0, q1, q2, q3, qr = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT,
-                                     ROPE, q_token * stride_q_token + head * stride_q_head, row_ok & live)
-        bt_row = BLOCK_TABLE + request.to(gl.int64) * stride_bt
-        num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
-        bad_blocks = 0
+        if SPANS:
+            spans, segments, request, tile_begin, total, used = _span_start(
+                CACHE_SEQLENS, pid1, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK,
+                BLOCK_N, WARPS)
     else:
         batch = pid0
         split = pid1
@@ -1814,91 +2027,49 @@ def _hopper_decode(
     pt_smem = gl.allocate_shared_memory(KV_DTYPE, [P_COLS, BLOCK_N],
                                         gl.NVMMASharedLayout.get_default_for([P_COLS, BLOCK_N], KV_DTYPE))
 
-    # The first STAGES - 1 tile loads fly while q is quantised. An empty split (a row shorter than
-    # the split grid) needs no q; the branch also keeps the quantisation after the issue, ahead of
-    # which ptxas would otherwise schedule q's amax, making the issue wait for q (h33). The empty
-    # path's barrier orders the ring barriers' init before their invalidation; without it Triton
-    # puts that barrier at the tile loop's exit, on every path (h35).
-    for t in gl.static_range(STAGES - 1):
-        if SERVING:
-            block = _tile_block(bt_row, kv_begin, t, num_tiles, BLOCK_N, PAGE_SIZE)
-            row, bad = _paged_row(block, kv_begin + t * BLOCK_N, t < num_tiles, num_blocks, kv_rows, PAGE_SIZE)
-            bad_blocks |= bad
-        else:
-            row = kv_begin + t * BLOCK_N
-        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, row, t < num_tiles, TILE_BYTES,
-                   NUM_CHUNKS, CHUNK, LATENT)
     if SERVING:
-        next_block = _tile_block(bt_row, kv_begin, STAGES - 1, num_tiles, BLOCK_N, PAGE_SIZE)
-    score_scale = 0.0
-    if num_tiles > 0:
-        if KV_FP8:
-            score_scale = sm_scale_log2 * kv_scale * _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX)
+        # Spans: one segment per request the program's span of the batch's tiles meets, the ring's
+        # barriers counting on across them (`consumed`: the tiles the earlier ones waited for).
+        # Chunks: one split of one request, in code of its own, so that nothing is held over a loop.
+        if SPANS and spans:  # a loop over the span's segments (NOTES.md h42)
+            consumed = 0
+            for segment in range(segments):
+                split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end = _span_segment(
+                    CACHE_SEQLENS, pid1, request, tile_begin, total, used, capacity, BLOCK_N)
+                if segment > 0:
+                    gl.thread_barrier()  # every warp is done with the ring and q of the segment before
+                consumed = _serve_segment(
+                    Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale,
+                    BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, request, True, group, split,
+                    num_splits, first_work, kv_begin, kv_end, seq_len, poison, consumed, sm_scale_log2, kv_rows,
+                    num_blocks, target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token,
+                    stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
+                    stride_lse_head, stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS,
+                    NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA)
+                request += 1
+                tile_begin = tile_end
         else:
-            _stage_q_bf16(q0, q1, q2, q3, qr, q_latent, q_rope)
-            score_scale = sm_scale_log2 * kv_scale
+            request, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = _serving_work(
+                CACHE_SEQLENS, pid1, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
+                WARPS)
+            _serve_segment(
+                Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale, BLOCK_TABLE,
+                OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, request, request < batch_size, group, split,
+                num_splits, first_work, kv_begin, kv_end, seq_len, poison, 0, sm_scale_log2, kv_rows, num_blocks,
+                target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token, stride_q_head,
+                stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS, NUM_HEADS, LATENT, ROPE,
+                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA)
+        for ring_slot in gl.static_range(STAGES):
+            mbarrier.invalidate(loaded.index(ring_slot))
     else:
-        gl.thread_barrier()
-
-    # Tiles.
-    running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))
-    row_sums = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
-    acc0 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
-    acc1 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
-    acc2 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
-    acc3 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
-    tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
-    no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
-    if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
-        _, row_token, _ = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(0, S_MMA))
-        row_limits = gl.expand_dims(gl.minimum(kv_end, seq_len - q_len + 1 + row_token), 0)
-    for i in range(num_tiles):
-        gl.thread_barrier()  # every warp is done with the slot the next load overwrites
-        ahead = i + STAGES - 1
-        if SERVING:
-            row, bad = _paged_row(next_block, kv_begin + ahead * BLOCK_N, ahead < num_tiles, num_blocks, kv_rows,
-                                  PAGE_SIZE)
-            bad_blocks |= bad
-            next_block = _tile_block(bt_row, kv_begin, ahead + 1, num_tiles, BLOCK_N, PAGE_SIZE)
-        else:
-            row = kv_begin + ahead * BLOCK_N
-        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(ahead % STAGES), ahead % STAGES, row,
-                   ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
-        slot = i % STAGES
-        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)
-        scores = warpgroup_mma_wait(0, deps=(_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores,
-                                                           NUM_CHUNKS),))
-        positions = kv_begin + i * BLOCK_N + tokens
-        if CAUSAL:
-            valid = gl.expand_dims(positions, 1) < row_limits
-        else:
-            valid = gl.expand_dims(positions < kv_end, 1)
-        if SERVING:
-            if kv_begin + (i + 1) * BLOCK_N > kv_end:
-                _zero_tail(kv_latent, slot * NUM_CHUNKS, kv_end - kv_begin - i * BLOCK_N, NUM_CHUNKS, BLOCK_N, CHUNK,
-                           WARPS)
-        probs, correction, running_max, row_sums = _online_softmax(scores, valid, score_scale, running_max, row_sums,
-                                                                   CAUSAL)
-        if KV_FP8:
-            correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)
-            acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
-                                              correction2, WARPS, O_MMA, CHUNK)
-        else:
-            _store_probs_bf16(probs, pt_smem)
-            acc0, acc1, acc2, acc3 = _pv_tile_bf16(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
-                                                   correction)
-    for ring_slot in gl.static_range(STAGES):
-        mbarrier.invalidate(loaded.index(ring_slot))
-
-    # Epilogue: the output row, or this split's partial and then the row's merge.
-    if SERVING:
-        if live:
-            _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
-                           poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
-                           SPLIT_TICKETS, request, group, work, num_splits, first_work, num_heads, q_len,
-                           stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                           stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK, KV_FP8)
-    else:
+        acc0, acc1, acc2, acc3, running_max, row_sums, _ = _split_tiles(
+            lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
+            kv_begin, kv_end, num_tiles, 0, 0, sm_scale_log2, kv_rows, 0, 0, 0, 0, 0, FP8_MAX, STAGES, WARPS,
+            PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA)
+        for ring_slot in gl.static_range(STAGES):
+            mbarrier.invalidate(loaded.index(ring_slot))
+        # Epilogue: the output row, or this split's partial and then the row's merge.
         out_row = OUT + batch * stride_o_token
         slot_id = batch * NUM_SPLITS + split
         _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O,
@@ -1933,15 +2104,18 @@ def _mla_decode_paged_hopper_kernel(
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
     LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+    SPANS: gl.constexpr = False,
 ):
-    """_hopper_decode over the serving API's pages: grid (row groups, work items); see
-    mla_decode_with_kvcache and _serving_work."""
+    """_hopper_decode over the serving API's pages: grid (row groups, chunks plus one per request);
+    with SPANS, where a call takes spans, the first `used` programs of each group take a span each
+    and the rest exit. See mla_decode_with_kvcache, _span_start, _span_segment and _serving_work."""
     _hopper_decode(Q, lat_desc, rope_desc, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
                    PARTIAL_LSE, SPLIT_TICKETS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
                    stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
                    stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
                    stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
-                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8)
+                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
+                   SPANS)
 
 
 def hopper_layouts(dtype="fp8e4nv"):
@@ -1989,10 +2163,12 @@ SM90_SHARED_PER_SM = 228 * 1024  # bytes; the system reserves 1 KiB of it per re
 def hopper_shared_bytes_bound(num_stages, element_bytes=1, rows=NUM_HEADS):
     """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 elements per
     slot), q (rows x 576), P^T (64 tokens x 2 bytes per row: fp8 hi and lo, or bf16), the barriers
-    and 8 KiB for the compiler's scratch (tests/test_kernel_report.py checks the sm_90 compile stays
-    under it); element_bytes 2 for a bf16 cache; rows: query rows per program."""
+    and 24 KiB for the compiler's scratch (the span schedule's epilogue cannot reuse the ring's
+    space, which lives across its segment loop: NOTES.md h42; tests/test_kernel_report.py checks
+    the sm_90 compile stays under it); element_bytes 2 for a bf16 cache; rows: query rows per
+    program."""
     return (element_bytes * (num_stages * 64 * QK_HEAD_DIM + rows * QK_HEAD_DIM) + 2 * rows * 64
-            + 8 * num_stages + 8192)
+            + 8 * num_stages + 24576)
 
 
 def hopper_programs_per_sm(num_warps, num_stages, element_bytes=1, rows=NUM_HEADS):
@@ -2099,7 +2275,7 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
                        "NUM_HEADS": params.get("rows", SERVING_ROWS),
                        "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
                        "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
-                       "KV_SCALE_IN_TENSOR": cache == "fp8e4nv"},
+                       "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False)},
         "aligned_args": [name for name, kind in signature.items() if kind[0] == "*"],
         "num_warps": params["num_warps"], "num_stages": 1,
     } for page in page_sizes for c in causal]
@@ -3167,20 +3343,25 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # "pages" (if any) hold the page size, whose "max_batch" (if any) holds the batch, whose
 # "min_rows" (if any) the plan's query rows (s_q x h_q) reach, and whose route this machine has.
 # hopper_paged: the Hopper kernel on pages of whole 64-token tiles, the work balanced by tokens
-# over the batch (_serving_work; "waves": programs per SM slot it aims for, "min_chunk": the
-# shortest split); the schedule holds the batch's lengths in one warp, so up to 1024 requests;
-# "rows": query rows per program (16 where absent), each program one pass over its split's
-# tiles. A bf16 cache with 32 or more rows: 32 rows at 8 warps (two warpgroups, half the passes;
-# A 1.22x, B at two query tokens 1.34-1.42x the 16-row row's speed: NOTES.md h40). Not for fp8:
+# over the batch ("waves": programs per SM slot it aims for, "min_chunk": the shortest split):
+# chunks of one request each (_serving_work), or with "spans" where the batch can outgrow one
+# wave of chunks (takes_span_kernel), per call whichever _span_start's cost model finds shorter:
+# chunks, or one equal span of the batch's tiles per program across requests (fp8 A 1.20x, B
+# 1.24x; bf16 at 32 rows A 1.19x, B 1.24x; not on the bf16 16-row row, whose tile loop then
+# spills: NOTES.md h42); the schedule holds the batch's lengths in one warp, so up to 1024
+# requests; "rows": query rows per program (16 where absent), each program one pass over its
+# split's tiles (with spans, over each of its segments'). A bf16 cache with 32 or more rows: 32
+# rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x
+# the 16-row row's speed: NOTES.md h40). Not for fp8:
 # there 8 warps repack V in narrower pieces and 32 rows ran 0.78x (h40). Everything else: the
 # portable kernel (NOTES.md h36, h38). num_stages 2 for bf16: three 64-token bf16 tiles do not fit
 # an H200's shared memory. Not here, by the sm_90 compile: bf16 at 32 rows and 4 warps (spills
 # 128 B), at 64 rows and 8 warps (spills 8-28 B at 255 registers).
 SERVING_ROUTE_TABLE = [
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
-     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True}},
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
-     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256}},
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True}},
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
@@ -3225,7 +3406,9 @@ class MlaDecodePlan:
     The portable route cuts every request into num_splits equal splits (by default enough programs
     to fill the GPU twice, no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's
     capacity); the Hopper route cuts the batch's tokens into about num_splits chunks (by default
-    one per program slot of the GPU), each request into its share of them."""
+    one per program slot of the GPU), each request into its share of them, or (rows with "spans")
+    gives each program an equal span of the batch's tiles across requests, whichever is shorter
+    for the call's lengths."""
 
     def __init__(self):
         self.num_splits = None
@@ -3439,6 +3622,15 @@ def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out,
     return run
 
 
+def takes_span_kernel(params, batch, programs):
+    """Whether a plan launches the Hopper kernel with the span schedule (SPANS: the kernel then
+    chooses chunks or spans per call): where its row asks for it and the batch can outgrow one
+    wave of chunks. With batch x SERVING_MAX_SPLITS <= programs, every chunk schedule fits one
+    wave and _span_start's cost model never takes spans; the kernel without them is then the
+    faster one to carry (C b4 19.7 against 29.3 us: NOTES.md h42)."""
+    return bool(params.get("spans", False)) and batch * SERVING_MAX_SPLITS > programs
+
+
 def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, out, lse, workspace):
     """The tensor arguments of _mla_decode_paged_hopper_kernel, in its order (the workspace's
     tickets stand in for KV_SCALE where k_scale is a float or absent)."""
@@ -3459,7 +3651,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
                   "WARPS": params["num_warps"], "NUM_HEADS": rows, "CAUSAL": causal and s_q > 1,
                   "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
-                  "KV_FP8": kv_format == "fp8"}
+                  "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits)}
     scalars = _with_k_scale((
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
         batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),

@@ -16,7 +16,7 @@ Cases (128 requests, lengths normal around s_k with spread s_k / 2, 64-token pag
 s_q 2): grid A: 128 heads, s_q 1 and 2, each --s-k; grid B: 16 heads, the same; grid C: the
 leaderboard's 8 uniform shapes (16 heads, s_q 1) as a paged cache.
 
-    python bench/serving_schedule_sweep.py [--rows table:16,4,2:32,8,3] [--configs 1,256,16:2,256,16]
+    python bench/serving_schedule_sweep.py [--rows table:16,4,2:32,8,3] [--configs 1,256,16,0:1,256,16,1]
                                            [--grids A,B,C] [--s-k 4096,16384] [--kv fp8|bf16]
                                            [--repeats 10] [--json PATH]
 e.g. the 32-row row against the 16-row one on grids A and B:
@@ -72,6 +72,8 @@ def forced_row(shape, row_config, schedule):
     if row_config is not None:
         params.update(rows=row_config[0], num_warps=row_config[1], num_stages=row_config[2])
     params.update(waves=schedule[0], min_chunk=schedule[1])
+    if len(schedule) > 3:  # 1: the span schedule (one span of the batch's tiles per program), 0: chunks
+        params.update(spans=bool(schedule[3]))
     return {"kv": kv, "pages": (64, 128), "route": "hopper_paged", "params": params}
 
 
@@ -107,7 +109,9 @@ def main():
     parser.add_argument("--rows", default="table",
                         help="row configurations rows,num_warps,num_stages or 'table', colon-separated")
     parser.add_argument("--configs", default="1,256,16:2,256,16:1,512,16:2,512,16",
-                        help="waves,min_chunk,max_splits settings, colon-separated")
+                        help="waves,min_chunk,max_splits[,spans] settings, colon-separated (spans 1: the "
+                             "row's 'spans' on: the kernel that chooses chunks or spans per call, where "
+                             "takes_span_kernel launches it; 0: chunks only; absent: the table's)")
     parser.add_argument("--grids", default="A,B,C")
     parser.add_argument("--s-k", default="4096,16384", help="mean lengths of grids A and B, comma-separated")
     parser.add_argument("--kv", default="fp8", choices=("fp8", "bf16"),
@@ -117,7 +121,7 @@ def main():
     args = parser.parse_args()
     schedules = [tuple(int(v) for v in c.split(",")) for c in args.configs.split(":")]
     settings = list(itertools.product(parse_rows(args.rows), schedules))
-    labels = [f"{row_label(r)} {s[0]},{s[1]},{s[2]}" for r, s in settings]
+    labels = [f"{row_label(r)} {','.join(map(str, s))}" for r, s in settings]
     print("settings (rows, schedule waves,min_chunk,max_splits):", "  |  ".join(labels), flush=True)
     flush = utils.L2Flusher("default")
     results = []
@@ -132,6 +136,7 @@ def main():
                             "setting": label, "rows": row_config and row_config[0],
                             "num_warps": row_config and row_config[1], "num_stages": row_config and row_config[2],
                             "waves": schedule[0], "min_chunk": schedule[1], "max_splits": schedule[2],
+                            "spans": schedule[3] if len(schedule) > 3 else None,
                             "median_us": median, "out_rel_l2_vs_first": rel, "lse_diff_vs_first": lse_diff})
         print(f"{grid} b{batch:3d} sq{s_q} h{h_q:3d} sk{s_k:5d}: "
               + "  ".join(f"{t:8.1f}{'!' if rel > 0.1 or lse > 0.1 else ''}" for t, rel, lse in timed), flush=True)

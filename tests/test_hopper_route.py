@@ -305,7 +305,7 @@ for row in submission.SERVING_ROUTE_TABLE:
         c = plan["constexprs"]
         out.append([row["kv"], c["NUM_HEADS"], c["WARPS"], c["STAGES"], c["PAGE_SIZE"], c["CAUSAL"],
                     facts["spill_parsed"], facts["spill_free"], facts["lds_fits"], facts["spills"],
-                    facts["registers"], facts["lds_bytes"]])
+                    facts["registers"], facts["lds_bytes"], c["SPANS"], facts["hot_loop_locals"]])
 print(json.dumps(out))
 """
 
@@ -315,8 +315,10 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
     """The serving API's Hopper kernel, as every hopper_paged row of SERVING_ROUTE_TABLE configures
     it (its cache format, rows, warps and ring slots), for pages of 64 and 128 and causal masks on
     and off, compiles for sm_90 here, no GPU needed, with no spills and within shared memory, under
-    the route's own bound on it (NOTES.md h38). In a process of its own: under the interpreter
-    triton.language's own jit helpers are interpreted functions, which a compile cannot take."""
+    the route's own bound on it (NOTES.md h38); with the span schedule (a loop over a span's
+    segments), spills only outside the tile loops, none in them (read in the SASS; NOTES.md h42).
+    In a process of its own: under the interpreter triton.language's own jit helpers are
+    interpreted functions, which a compile cannot take."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", _SM90_COMPILE], cwd=root, capture_output=True, text=True,
                           timeout=900, env=dict(os.environ, TRITON_INTERPRET="0"))
@@ -327,10 +329,24 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
     assert [(r[0], r[1], r[4], r[5]) for r in results] == [
         (row["kv"], submission.route_rows(row), page, causal)
         for row in rows for page in (64, 128) for causal in (False, True)]
-    for kv, rows_, warps, stages, page, causal, parsed, spill_free, lds_fits, spills, registers, lds in results:
-        config = (kv, rows_, warps, stages, page, causal, registers, spills)
-        assert parsed and spill_free and lds_fits, config
+    for (kv, rows_, warps, stages, page, causal, parsed, spill_free, lds_fits, spills, registers, lds, spans,
+         tile_loop_spills) in results:
+        config = (kv, rows_, warps, stages, page, causal, registers, spills, spans, tile_loop_spills)
+        assert parsed and lds_fits and tile_loop_spills == 0, config
+        assert spill_free or spans, config
         assert lds <= submission.hopper_shared_bytes_bound(stages, 2 if kv == "bf16" else 1, rows_), (config, lds)
+
+
+def test_span_kernel_only_where_chunks_can_outgrow_one_wave():
+    """A row's "spans" launch the kernel that may take spans only where batch x SERVING_MAX_SPLITS
+    chunks exceed the plan's programs (NOTES.md h42); rows without it never do."""
+    most = submission.SERVING_MAX_SPLITS
+    assert not submission.takes_span_kernel({"spans": True}, 264 // most, 264)
+    assert submission.takes_span_kernel({"spans": True}, 264 // most + 1, 264)
+    assert not submission.takes_span_kernel({"spans": True}, 2, 33)
+    assert submission.takes_span_kernel({"spans": True}, 3, 33)
+    assert not submission.takes_span_kernel({}, 1024, 264)
+    assert not submission.takes_span_kernel({"spans": False}, 1024, 264)
 
 
 def _serving_row(shape, monkeypatch):

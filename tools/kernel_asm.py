@@ -383,6 +383,32 @@ def sass_first(sass, opcodes=SASS_FIRST_OPCODES):
     return firsts
 
 
+SASS_MATRIX = re.compile(r"\b[HQI]?GMMA\b|\bHMMA\b|\bIMMA\b")
+SASS_LOCAL = re.compile(r"\b(LDL|STL)\b")
+
+
+def sass_hot_loop_locals(sass):
+    """Local-memory instructions (LDL / STL: spill code) inside the innermost loops (a backward
+    branch's range holding no other) that hold a matrix instruction, in cuobjdump -sass text:
+    the tile loops. Spills outside them are paid once per pass of an outer loop, not per tile.
+    None where no such loop is found (then nothing is shown)."""
+    ins = [(int(a, 16), text) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for address, text in ins:
+        target = re.search(r"\bBRA(?:\.\w+)*\s+(?:\w+,\s*)?`?\(?(0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) <= address:
+            loops.append((int(target.group(1), 16), address))
+    count = found = 0
+    for first, last in loops:
+        if any((first, last) != other and first <= other[0] and other[1] <= last for other in loops):
+            continue  # not innermost
+        body = [t for a, t in ins if first <= a <= last]
+        if any(SASS_MATRIX.search(t) for t in body):
+            found += 1
+            count += sum(1 for t in body if SASS_LOCAL.search(t))
+    return count if found else None  # None: no such loop found, nothing checked
+
+
 def cubin_sass(cubin):
     """The SASS text of a cubin (cuobjdump -sass)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -440,7 +466,9 @@ def kernel_facts(compiled, is_amd, num_warps, lds_per_block, lds_per_unit):
         occupancy = nvidia_occupancy(nv["registers"] or 0, shared, num_warps, lds_per_unit)
         occupancy["compiler"] = None
         mma_in_line, load_in_line, facts["asm_kind"] = ptx_mma_in_line, ptx_load_in_line, "ptx"
-        facts["sass_first"] = sass_first(cubin_sass(compiled.asm["cubin"])) if "cubin" in compiled.asm else None
+        sass = cubin_sass(compiled.asm["cubin"]) if "cubin" in compiled.asm else None
+        facts["sass_first"] = sass_first(sass) if sass else None
+        facts["hot_loop_locals"] = sass_hot_loop_locals(sass) if sass else None
     facts["occupancy"] = occupancy
     facts["mma"] = matrix_instructions(asm, mma_in_line)
     facts["loads"] = global_loads(asm, load_in_line, facts["mma"]["loop_header"])

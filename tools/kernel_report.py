@@ -542,8 +542,11 @@ def _spills(rec):
     if "scratch_bytes" in s:
         return (f"spill v{s.get('vgpr_spill_count')} s{s.get('sgpr_spill_count')}, "
                 f"scratch {s.get('scratch_bytes')} B")
-    return (f"spill st {s.get('spill_store_bytes')} B ld {s.get('spill_load_bytes')} B, "
+    text = (f"spill st {s.get('spill_store_bytes')} B ld {s.get('spill_load_bytes')} B, "
             f"stack {s.get('stack_frame_bytes')} B")
+    if rec.get("hot_loop_locals") is not None and not rec.get("spill_free", True):
+        text += f" ({rec['hot_loop_locals']} in the tile loops)"
+    return text
 
 
 def _lds(rec):

@@ -41,13 +41,17 @@ INSERTIONS = [
     ("        split = pid1\n",
      "        split = pid1\n        t_start = {S}\n        c_start = {C}\n"
      "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
+    # _split_tiles (the tile loop, both entry points) records its phases where given a trace slot
+    ("    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n):",
+     "    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n"
+     "    trace=None,\n):"),
     ("            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n",
      "            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n"
      "    t_prologue = {S}\n"
-     "    wait_cycles = c_start * 0\n    s_cycles = c_start * 0\n    softmax_cycles = c_start * 0\n"
-     "    pv_cycles = c_start * 0\n"),
-    ("        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n",
-     "        c0 = {C}\n        mbarrier.wait(loaded.index(slot), (i // STAGES) & 1)\n        c1 = {C}\n"
+     "    wait_cycles = t_prologue * 0\n    s_cycles = t_prologue * 0\n    softmax_cycles = t_prologue * 0\n"
+     "    pv_cycles = t_prologue * 0\n"),
+    ("        mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)\n",
+     "        c0 = {C}\n        mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)\n        c1 = {C}\n"
      "        wait_cycles += c1 - c0\n"),
     ("        positions = kv_begin + i * BLOCK_N + tokens\n",
      "        c2 = {C}\n        s_cycles += c2 - c1\n"
@@ -58,19 +62,25 @@ INSERTIONS = [
     ("                                              correction2, WARPS, O_MMA, CHUNK)\n",
      "                                              correction2, WARPS, O_MMA, CHUNK)\n"
      "            pv_cycles += {C} - c3\n"),
-    ("    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n",
-     "    for ring_slot in gl.static_range(STAGES):\n        mbarrier.invalidate(loaded.index(ring_slot))\n"
-     "    t_loop = {S}\n"),
+    ("    return acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks\n",
+     "    if trace is not None:\n"
+     "        gl.store(trace + 1, t_prologue)\n"
+     "        gl.store(trace + 5, wait_cycles)\n        gl.store(trace + 6, s_cycles)\n"
+     "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
+     "    return acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks\n"),
+    ("PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA)\n"
+     "        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n",
+     "PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, trace=trace)\n"
+     "        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n"
+     "        t_loop = {S}\n"),
     ("\n                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n",
      "\n                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n"
      "        t_stores = {S}\n"),
     ("NUM_SPLITS,\n                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n",
      "NUM_SPLITS,\n                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n"
      "        t_end = {S}\n        c_end = {C}\n"
-     "        gl.store(trace, t_start)\n        gl.store(trace + 1, t_prologue)\n"
+     "        gl.store(trace, t_start)\n"
      "        gl.store(trace + 2, t_loop)\n        gl.store(trace + 3, t_stores)\n        gl.store(trace + 4, t_end)\n"
-     "        gl.store(trace + 5, wait_cycles)\n        gl.store(trace + 6, s_cycles)\n"
-     "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
      "        gl.store(trace + 9, c_end - c_start)\n        gl.store(trace + 10, num_tiles.to(gl.int64))\n"),
     ('"SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_rows": "i32",',
      '"SPLIT_TICKETS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32", "kv_rows": "i32",'),

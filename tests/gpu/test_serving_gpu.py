@@ -7,6 +7,7 @@ import torch
 
 import reference
 import submission
+from span_model import takes_spans
 from test_serving_api import assert_right, make_case, run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU test: needs a CUDA GPU")
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU test:
 BIG = 2**31 + 2**26  # elements: past what a 32-bit offset reaches
 
 
-@pytest.mark.parametrize("lens,page,target", [
+@pytest.mark.parametrize("lens,page,target", [  # the splits with chunks (some of these take spans: h42)
     ([5000, 300, 0, 2000], 64, 4),  # 3, 1, 1 and 2 splits: merges of a few splits
     ([20000, 100, 7000], 64, 64),  # 16 splits (the cap) and 6: the widest merges
     ([700, 129, 0, 64], 128, 2),  # pages of two tiles
@@ -29,6 +30,41 @@ def test_token_balanced_schedule(lens, page, target):
     out, lse = run(case, causal=True, plan=plan)
     assert plan.route["route"] == ("hopper_paged" if submission.HOPPER else "triton_paged")
     assert_right(case, out, lse, causal=True, kv="fp8")
+
+
+@pytest.mark.skipif(not submission.HOPPER, reason="the span schedule is the Hopper route's (an H100/H200)")
+@pytest.mark.parametrize("kv,s_q,h_q,page,causal", [("fp8", 1, 16, 64, False), ("bf16", 2, 16, 128, True),
+                                                     ("fp8", 1, 128, 64, False), ("fp8", 2, 16, 64, True)])
+def test_span_schedule_cuts_across_requests(kv, s_q, h_q, page, causal):
+    """The span schedule (NOTES.md h42) on cases it takes: many short requests (programs whose
+    span meets several of them), zero lengths, a long request split over many spans; with a
+    negative length, one past the block table and a bad used block id, whose requests come back
+    NaN while every other request stays right (request 7's bad block, in a middle split, added after
+    the session's H200 run: NOTES.md h42b)."""
+    gen = torch.Generator().manual_seed(s_q * h_q + page)
+    lens = [int(n) for n in torch.randint(0, 200, (300,), generator=gen)]
+    lens[3] = lens[4] = 0
+    lens[7] = 9000
+    case = make_case(len(lens), s_q, h_q, page, lens, kv=kv, seed=page + h_q)
+    capacity = case["block_table"].shape[1] * page
+    bad = {11: -3, 12: capacity + 1}
+    poisoned = case["cache_seqlens"].clone()
+    for row, value in bad.items():
+        poisoned[row] = value
+    block_table = case["block_table"].clone()
+    block_table[13, 0] = case["k_cache"].shape[0]  # request 13's first block, one past the cache
+    block_table[7, 9000 // page // 2] = -1  # a middle block of request 7 (several splits): merged poisoned
+    plan = submission.get_mla_decode_metadata()[0]
+    out, lse = run(case, causal=causal, plan=plan, cache_seqlens=poisoned, block_table=block_table)
+    assert plan.route["route"] == "hopper_paged" and plan.route["params"].get("spans")
+    assert submission.takes_span_kernel(plan.route["params"], len(lens), plan.num_splits)
+    assert takes_spans(poisoned.tolist(), capacity, plan.num_splits, plan.route["params"]["min_chunk"])
+    for row in (7, 11, 12, 13):
+        assert torch.isnan(out[row]).all() and torch.isnan(lse[row]).all(), row
+    right = dict(case, cache_seqlens=case["cache_seqlens"].clone())
+    right["cache_seqlens"][[7, 11, 12, 13]] = 0  # the poisoned rows compared as empty ones
+    out[[7, 11, 12, 13]], lse[[7, 11, 12, 13]] = 0, float("inf")
+    assert_right(right, out.cuda(), lse.cuda(), causal=causal, kv=kv)
 
 
 @pytest.mark.parametrize("kv,causal", [("fp8", True), ("bf16", False)])

@@ -1,0 +1,76 @@
+"""The span schedule of the serving API's Hopper kernel (NOTES.md h42), its arithmetic on the CPU:
+tests/span_model.py computes what _span_start and _span_segment compute, integer for integer (the
+kernel itself runs on an H100/H200 only: tests/gpu/test_serving_gpu.py runs it on cases this model
+says take spans). What the merge needs must hold for any lengths: every token of a request in
+exactly one split, splits numbered 0..n-1 with n <= 16 (the merge's widest layout), partial slots
+unique, contiguous per request and below programs + batch (the plan's workspace)."""
+import random
+
+import pytest
+
+from span_model import span_segments, takes_spans
+
+
+def _cases(count, seed):
+    rng = random.Random(seed)
+    for _ in range(count):
+        batch = rng.choice([1, 2, 3, 5, 17, 64, 128, 300])
+        capacity = rng.choice([5000, 70000])
+        lens = [rng.choice([0, 1, 63, 64, 65, rng.randint(0, capacity), rng.randint(-5, capacity + 100)])
+                for _ in range(batch)]
+        yield lens, capacity, rng.choice([1, 4, 33, 132, 264]), rng.choice([64, 256, 512])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_token_in_one_split_and_slots_unique(seed):
+    for lens, capacity, programs, min_chunk in _cases(250, seed):
+        segments = span_segments(lens, capacity, programs, min_chunk)
+        by_request = {}
+        for segment in segments:
+            by_request.setdefault(segment["request"], []).append(segment)
+        assert sorted(by_request) == list(range(len(lens))), "every request, empty or poisoned too, writes its rows"
+        slots = [segment["slot"] for segment in segments]
+        assert len(set(slots)) == len(slots) and max(slots) < programs + len(lens)
+        for request, parts in by_request.items():
+            splits = parts[0]["splits"]
+            assert splits <= 16 and all(p["splits"] == splits for p in parts)
+            assert sorted(p["split"] for p in parts) == list(range(splits))
+            assert sorted(p["slot"] for p in parts) == list(range(parts[0]["slot"] - parts[0]["split"],
+                                                                  parts[0]["slot"] - parts[0]["split"] + splits))
+            length = lens[request] if 0 <= lens[request] <= capacity else 0  # poisoned: nothing read
+            assert all(p["end"] <= length for p in parts), (request, parts)
+            covered = 0
+            for part in sorted(parts, key=lambda p: p["begin"]):
+                if part["begin"] < length:
+                    assert part["begin"] == covered, (request, parts)
+                    covered = part["end"]
+            assert covered == length, (request, parts)
+
+
+def test_spread_lengths_take_spans_of_equal_tiles():
+    """FlashMLA's benchmark lengths (128 requests, normal around 4096 with spread 2048): spans,
+    every program an equal share of the batch's tiles within one tile."""
+    rng = random.Random(0)
+    lens = [int(max(rng.normalvariate(4096, 2048), 1)) for _ in range(128)]
+    assert takes_spans(lens, max(lens), 264)
+    tiles = {}
+    for segment in span_segments(lens, max(lens), 264):
+        tiles[segment["program"]] = tiles.get(segment["program"], 0) + -(-(segment["end"] - segment["begin"]) // 64)
+    assert len(tiles) == 264 and max(tiles.values()) - min(tiles.values()) <= 1
+
+
+def test_one_long_request_among_short_ones_is_bound_by_sixteen_splits():
+    """127 requests of 1k tokens and one of 64k: the long one may meet 16 programs at most (the
+    merge's widest layout), in either schedule, so its 1024 tiles take 64 per program while the
+    batch's share is 12: chunks, as the model finds (NOTES.md h42: the limit left)."""
+    lens = [1024] * 127 + [65536]
+    assert not takes_spans(lens, 65536, 264)
+    assert max(s["splits"] for s in span_segments(lens, 65536, 264) if s["request"] == 127) <= 16
+
+
+def test_a_uniform_batch_takes_chunks_where_they_fit_one_wave():
+    """FlashMLA's benchmark spreads lengths (spans); the leaderboard's uniform shapes take chunks
+    where they fit one wave (h42: spans cut every request there and merge more)."""
+    for batch, kv in ((4, 1024), (32, 1024), (32, 8192), (64, 8192), (256, 1024)):
+        assert not takes_spans([kv] * batch, kv, 264), (batch, kv)
+    assert takes_spans([kv for kv in (2000, 6000, 4000, 9000) for _ in range(32)], 9000, 264)
