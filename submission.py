@@ -1541,6 +1541,37 @@ def _add(a, b):
 
 
 @gluon.jit
+def _used_length(raw, capacity):
+    """A request's length as the schedules use it: 0 where it is < 0 or > capacity (what its
+    block-table row holds; such a request is poisoned, nothing read)."""
+    return gl.where((raw < 0) | (raw > capacity), 0, raw)
+
+
+@gluon.jit
+def _batch_lengths(CACHE_SEQLENS, batch_size, capacity, BATCH_BLOCK: gl.constexpr, WARPS: gl.constexpr):
+    """(index, length as read, length as used) of every request, in one warp (_batch_layout)."""
+    i = gl.arange(0, BATCH_BLOCK, layout=_batch_layout(BATCH_BLOCK, WARPS))
+    raw = gl.load(CACHE_SEQLENS + i, mask=i < batch_size, other=0)
+    return i, raw, _used_length(raw, capacity)
+
+
+@gluon.jit
+def _chunk_tokens(lengths, programs, min_chunk, MAX_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The chunk schedule's chunk: about total / programs tokens, at least min_chunk and at least
+    the longest request / MAX_SPLITS, in whole tiles."""
+    chunk = gl.maximum(gl.maximum(gl.cdiv(gl.sum(lengths, 0), programs), gl.cdiv(gl.max(lengths, 0), MAX_SPLITS)),
+                       min_chunk)
+    return gl.cdiv(chunk, BLOCK_N) * BLOCK_N
+
+
+@gluon.jit
+def _request_tiles(length, BLOCK_N: gl.constexpr):
+    """The tiles a request counts for in the span schedule: cdiv(length, BLOCK_N), at least one
+    (an empty or poisoned request still writes its rows)."""
+    return gl.maximum(gl.cdiv(length, BLOCK_N), 1)
+
+
+@gluon.jit
 def _serving_work(CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS: gl.constexpr,
                   BATCH_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
     """The token-balanced schedule, computed by every program from cache_seqlens (no host sync:
@@ -1552,13 +1583,8 @@ def _serving_work(CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_
     its first work item, split begin, split end, request length, poison); request >= batch_size
     for a work item past the last. A length < 0 or > capacity (what the request's block-table row
     holds) is poisoned: NaN rows, nothing read (NOTES.md h38)."""
-    LAYOUT: gl.constexpr = _batch_layout(BATCH_BLOCK, WARPS)
-    i = gl.arange(0, BATCH_BLOCK, layout=LAYOUT)
-    raw = gl.load(CACHE_SEQLENS + i, mask=i < batch_size, other=0)
-    lengths = gl.where((raw < 0) | (raw > capacity), 0, raw)
-    chunk = gl.maximum(gl.maximum(gl.cdiv(gl.sum(lengths, 0), target_splits),
-                                  gl.cdiv(gl.max(lengths, 0), MAX_SPLITS)), min_chunk)
-    chunk = gl.cdiv(chunk, BLOCK_N) * BLOCK_N
+    i, raw, lengths = _batch_lengths(CACHE_SEQLENS, batch_size, capacity, BATCH_BLOCK, WARPS)
+    chunk = _chunk_tokens(lengths, target_splits, min_chunk, MAX_SPLITS, BLOCK_N)
     splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(lengths, chunk), 1), 0)
     ends = gl.associative_scan(splits, 0, _add)
     request = gl.sum((ends <= work).to(gl.int32), 0)  # requests whose work items all come before
@@ -1587,16 +1613,14 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     (whether this call takes spans rather than _serving_work's chunks, the program's segments,
     its first request, that request's first tile, the batch's tiles, used); _span_segment steps
     from there request by request, in scalars."""
-    LAYOUT: gl.constexpr = _batch_layout(BATCH_BLOCK, WARPS)
-    i = gl.arange(0, BATCH_BLOCK, layout=LAYOUT)
-    raw = gl.load(CACHE_SEQLENS + i, mask=i < batch_size, other=0)
-    lengths = gl.where((raw < 0) | (raw > capacity), 0, raw)
-    units = gl.where(i < batch_size, gl.maximum(gl.cdiv(lengths, BLOCK_N), 1), 0)
+    i, _, lengths = _batch_lengths(CACHE_SEQLENS, batch_size, capacity, BATCH_BLOCK, WARPS)
+    units = gl.where(i < batch_size, _request_tiles(lengths, BLOCK_N), 0)
     ends = gl.associative_scan(units, 0, _add)
     starts = ends - units
     total = gl.sum(units, 0)
+    widest = gl.max(units, 0)
     used = gl.minimum(gl.minimum(programs, total // gl.maximum(min_chunk // BLOCK_N, 1)),
-                      (MAX_SPLITS - 1) * total // gl.max(units, 0))
+                      (MAX_SPLITS - 1) * total // widest)
     used = gl.maximum(used, 1)
     span_begin, span_end = _span_bounds(program, total, used)
     before = ends <= span_begin  # requests wholly before the span
@@ -1608,10 +1632,7 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     # widest request meets at most cdiv(its tiles x used, total) + 1 spans), the spans only when
     # strictly shorter. Chunks (_serving_work) keep a uniform batch's requests whole or evenly cut,
     # spans cut across requests and merge more (NOTES.md h42).
-    widest = gl.max(units, 0)
-    chunk = gl.maximum(gl.maximum(gl.cdiv(gl.sum(lengths, 0), programs), gl.cdiv(gl.max(lengths, 0), MAX_SPLITS)),
-                       min_chunk)
-    chunk_tiles = gl.cdiv(chunk, BLOCK_N)
+    chunk_tiles = _chunk_tokens(lengths, programs, min_chunk, MAX_SPLITS, BLOCK_N) // BLOCK_N
     chunk_splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(units, chunk_tiles), 1), 0)
     items = gl.sum(chunk_splits, 0)
     biggest = gl.minimum(chunk_tiles, widest)
@@ -1646,8 +1667,8 @@ def _span_segment(CACHE_SEQLENS, program, request, tile_begin, total, used, capa
     capacity (what the request's block-table row holds) is poisoned: NaN rows, nothing read
     (NOTES.md h38)."""
     raw = gl.load(CACHE_SEQLENS + request)
-    seq_len = gl.where((raw < 0) | (raw > capacity), 0, raw)
-    tile_end = tile_begin + gl.maximum(gl.cdiv(seq_len, BLOCK_N), 1)
+    seq_len = _used_length(raw, capacity)
+    tile_end = tile_begin + _request_tiles(seq_len, BLOCK_N)
     span_begin, span_end = _span_bounds(program, total, used)
     first_span = (((tile_begin + 1).to(gl.int64) * used - 1) // total).to(gl.int32)
     last_span = ((tile_end.to(gl.int64) * used - 1) // total).to(gl.int32)
@@ -1746,13 +1767,13 @@ def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, n
 
 @gluon.jit
 def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_TICKETS, request, group, work, slots, num_splits, first_work, num_heads,
+                   PARTIAL_LSE, SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads,
                    q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
                    stride_lse_token, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
                    LATENT: gl.constexpr, CHUNK: gl.constexpr, KV_FP8: gl.constexpr):
     """The serving API's epilogue. A request of one split writes its rows of out and lse; otherwise
-    each split writes a float32 partial and its base-2 lse in slot group x slots + work (work:
-    the request's first partial slot plus the split; slots: partial slots per row group), and the
+    each split writes a float32 partial and its base-2 lse in slot group x slots + first_work +
+    split (first_work: the request's first partial slot; slots: partial slots per row group), and the
     split that draws the request's last ticket merges them (_merge_serving, a layout per split
     count class) and resets the ticket. Rows with nothing attended: out 0, lse +inf; `poison`
     (0 or NaN) reaches out and lse."""
@@ -1770,7 +1791,7 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
         _store_chunks(out0, out1, out2, out3, out_base, head_scale, LATENT, CHUNK, out_rows, row_ok)
         gl.store(lse_rows, _natural_lse(lse2), mask=row_ok)
     else:
-        slot_id = group * slots + work
+        slot_id = group * slots + first_work + split
         _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * (LATENT * NUM_HEADS), 1.0 / safe_sum, LATENT,
                       CHUNK)
         gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=ROW_LAYOUT), lse2)
@@ -1916,7 +1937,7 @@ def _serve_segment(
     if live:
         _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
                        poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
-                       SPLIT_TICKETS, request, group, first_work + split, slots, num_splits, first_work, num_heads,
+                       SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads,
                        q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
                        stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK, KV_FP8)
     return consumed + num_tiles

@@ -14,7 +14,6 @@ and FlashMLA's flash_mla_with_kvcache on the same bf16 inputs where --flashmla n
 The rest of `call` is the code between the parts (the alignment check, the route test).
 """
 import argparse
-import importlib
 import os
 import sys
 
@@ -24,7 +23,7 @@ import torch  # noqa: E402
 
 import reference  # noqa: E402
 import submission  # noqa: E402
-from serving_peers import fp8_copy, host_time  # noqa: E402
+from serving_peers import fp8_copy, host_time, load_flashmla  # noqa: E402
 
 CASES = [(128, 1, 16, 4096, "fp8"), (128, 2, 128, 4096, "fp8"), (4, 1, 16, 1024, "fp8"), (128, 1, 16, 4096, "bf16")]
 
@@ -65,11 +64,7 @@ def main():
     parser.add_argument("--flashmla", default=None)
     parser.add_argument("--repeats", type=int, default=300)
     args = parser.parse_args()
-    flash_mla = None
-    if args.flashmla:
-        sys.path.insert(0, args.flashmla)
-        sys.modules["flash_mla.cuda"] = importlib.import_module("flash_mla_dense_ext")
-        flash_mla = importlib.import_module("flash_mla")
+    flash_mla = load_flashmla(args.flashmla) if args.flashmla else None
     for batch, s_q, h_q, s_k, kv in CASES:
         times, route = breakdown(batch, s_q, h_q, s_k, kv, flash_mla, args.repeats)
         print(f"b{batch} s_q{s_q} h{h_q} s_k{s_k} {kv} ({route}): "

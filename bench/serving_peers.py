@@ -137,12 +137,17 @@ def errors(out, lse, exact_out, exact_lse):
     return rel, lse_err
 
 
+def load_flashmla(build):
+    """FlashMLA's Python interface over the dense-decode extension in `build` (flashmla_build.sh's)."""
+    sys.path.insert(0, build)
+    sys.modules["flash_mla.cuda"] = importlib.import_module("flash_mla_dense_ext")
+    return importlib.import_module("flash_mla")
+
+
 def load_peers(args):
     notes = []
     if args.flashmla:
-        sys.path.insert(0, args.flashmla)
-        sys.modules["flash_mla.cuda"] = importlib.import_module("flash_mla_dense_ext")
-        args.flashmla = importlib.import_module("flash_mla")
+        args.flashmla = load_flashmla(args.flashmla)
     else:
         notes.append("FlashMLA: skipped (no --flashmla build; docs/benchmarking.md says how to build it)")
     if args.vllm_fp8:
