@@ -1163,34 +1163,39 @@ HOPPER_CHUNK = 128  # latent dims per TMA box, V transpose and P.V product (4 pe
 # the k bits the lanes hold are token bits 1-2 (rows of distinct 128-byte swizzle phase: no
 # bank conflicts). The loaded bytes are then repacked (4 dims of a token -> 4 tokens of a dim)
 # in registers; nothing goes back to shared memory.
-# _DIM_BIT[warps][i]: the latent-dim bit that row bit i is; _TOKEN_BIT[i]: the token bit k bit i is.
+# _DIM_BIT[warps][i]: the latent-dim bit that row bit i is; _TOKEN_BIT[k_width][i]: the token bit
+# k bit i is. The f16 product (PV_F16, k_width 2: V converted exactly from fp8 in registers, P in
+# f16) has 2 consecutive k per register: its lanes hold k bits 1-2, which are token bits 1-2 as
+# they are, so its tokens keep their order (NOTES.md h43).
 _DIM_BIT = {4: (2, 3, 4, 0, 5, 6, 1), 8: (1, 2, 3, 0, 4, 5, 6)}
-_TOKEN_BIT = (0, 3, 1, 2, 4, 5)
+_TOKEN_BIT = {4: (0, 3, 1, 2, 4, 5), 2: (0, 1, 2, 3, 4, 5)}
+_K_BITS = {4: ((0, 1, 4, 5), (2, 3)), 2: ((0, 3, 4, 5), (1, 2))}  # k bits in (registers, lanes)
 
 @_constexpr_function
-def _v_operand_load_layout(warps):
+def _v_operand_load_layout(warps, k_width=4):
     """(64 tokens x 128 dims) layout of a V chunk read from its TMA tile such that relabelling
-    (tokens, dims) -> (k, rows) gives the MMA's A fragment (see _DIM_BIT)."""
-    dim_bit, token_bit = _DIM_BIT[warps], _TOKEN_BIT
+    (tokens, dims) -> (k, rows) gives the MMA's A fragment (see _DIM_BIT); k_width 4: fp8, 2: f16."""
+    dim_bit, token_bit = _DIM_BIT[warps], _TOKEN_BIT[k_width]
     row = lambda i: [0, 1 << dim_bit[i]]  # noqa: E731  (a row bit as a (token, dim) basis)
     k = lambda i: [1 << token_bit[i], 0]  # noqa: E731
+    k_regs, k_lanes = _K_BITS[k_width]
     row_regs = [3, 6] if warps == 4 else [3]
-    regs = [row(i) for i in sorted(row_regs, key=lambda i: dim_bit[i])] + [k(0), k(1), k(4), k(5)]
-    lanes = [k(2), k(3), row(0), row(1), row(2)]
+    regs = [row(i) for i in sorted(row_regs, key=lambda i: dim_bit[i])] + [k(i) for i in k_regs]
+    lanes = [k(i) for i in k_lanes] + [row(0), row(1), row(2)]
     warp_bases = [row(4), row(5)] + ([row(6)] if warps == 8 else [])
     return gl.DistributedLinearLayout(regs, lanes, warp_bases, [], [64, HOPPER_CHUNK])
 
 @_constexpr_function
-def _v_operand_order(warps):
+def _v_operand_order(warps, k_width=4):
     """gl.permute order taking (64 tokens x 128 dims) split into 13 bits (token bit j at
     axis 5 - j, dim bit j at 12 - j) to (rows x k), most significant bit first."""
     rows = [12 - _DIM_BIT[warps][i] for i in range(6, -1, -1)]
-    return tuple(rows + [5 - _TOKEN_BIT[i] for i in range(5, -1, -1)])
+    return tuple(rows + [5 - _TOKEN_BIT[k_width][i] for i in range(5, -1, -1)])
 
 @_constexpr_function
 def _pv_token_order():
-    """gl.permute order taking (64 tokens x N) split into 6 token bits + N to (k x N)."""
-    return tuple([5 - _TOKEN_BIT[i] for i in range(5, -1, -1)] + [6])
+    """gl.permute order taking (64 tokens x N) split into 6 token bits + N to (k x N) (fp8)."""
+    return tuple([5 - _TOKEN_BIT[4][i] for i in range(5, -1, -1)] + [6])
 
 @_constexpr_function
 def _rows_to_dims_order(warps):
@@ -1200,11 +1205,15 @@ def _rows_to_dims_order(warps):
 
 @gluon.jit
 def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: gl.constexpr,
-              CHUNK: gl.constexpr):
-    """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously."""
-    bits = gl.reshape(kv_chunk.load(_v_operand_load_layout(WARPS)), [2] * 13)
-    v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS).value), [CHUNK, 64])
-    v_t = gl.convert_layout(v_t, gl.DotOperandLayout(0, O_MMA, 4))
+              CHUNK: gl.constexpr, K_WIDTH: gl.constexpr = 4):
+    """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously; K_WIDTH 2:
+    V converted to f16 (exact) for an f16 product with P^T in f16."""
+    v = kv_chunk.load(_v_operand_load_layout(WARPS, K_WIDTH))
+    if K_WIDTH == 2:
+        v = v.to(gl.float16)
+    bits = gl.reshape(v, [2] * 13)
+    v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS, K_WIDTH).value), [CHUNK, 64])
+    v_t = gl.convert_layout(v_t, gl.DotOperandLayout(0, O_MMA, K_WIDTH))
     acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
     return warpgroup_mma(v_t, pt_smem.permute((1, 0)), acc, is_async=True)
 
@@ -1215,16 +1224,21 @@ def _rows_to_dims(acc, WARPS: gl.constexpr):
     return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS).value), [128, N])
 
 @_constexpr_function
-def _output_layout(warps, rows=16):
+def _output_layout(warps, rows=16, pairs=True):
     """(128 dims x rows heads) layout of _hi_plus_lo(_rows_to_dims(acc)) with a thread's dims
     first in register order, so that its 4 (2 at 8 warps) consecutive dims store as one vector:
     the same bases as the accumulator's after that relabelling (the conversion moves no data),
-    heads 1-2 in the lanes and heads 4 ... rows / 2 in registers (the MMA's N spread)."""
-    heads = [[0, 1 << bit] for bit in range(2, rows.bit_length() - 1)]
+    heads 1-2 in the lanes and heads 4 ... rows / 2 in registers (the MMA's N spread).
+    pairs False (PV_F16: no hi and lo columns): of _rows_to_dims(acc), head 1 in registers, heads
+    2 and 4 in the lanes, 8 ... rows / 2 in registers."""
+    low = 0 if pairs else 1  # the head bit of the MMA's lowest lane bit
+    heads = [[0, 1 << bit] for bit in range(2 + low, rows.bit_length() - 1)]
+    lanes = [[0, 1 << low], [0, 2 << low]]
+    regs = [] if pairs else [[0, 1]]
     if warps == 4:
-        return gl.DistributedLinearLayout([[1, 0], [2, 0]] + heads, [[0, 1], [0, 2], [4, 0], [8, 0], [16, 0]],
+        return gl.DistributedLinearLayout([[1, 0], [2, 0]] + regs + heads, lanes + [[4, 0], [8, 0], [16, 0]],
                                           [[32, 0], [64, 0]], [], [HOPPER_CHUNK, rows])
-    return gl.DistributedLinearLayout([[1, 0]] + heads, [[0, 1], [0, 2], [2, 0], [4, 0], [8, 0]],
+    return gl.DistributedLinearLayout([[1, 0]] + regs + heads, lanes + [[2, 0], [4, 0], [8, 0]],
                                       [[16, 0], [32, 0], [64, 0]], [], [HOPPER_CHUNK, rows])
 
 @gluon.jit
@@ -1413,9 +1427,10 @@ def _stage_q_bf16(q0, q1, q2, q3, qr, q_latent, q_rope):
 
 
 @gluon.jit
-def _store_probs_bf16(probs, pt_smem):
-    """P^T (heads x tokens) in bf16 into shared memory, tokens in their own order."""
-    pt_smem.store(gl.permute(probs.to(gl.bfloat16), (1, 0)))
+def _store_probs_16(probs, pt_smem):
+    """P^T (heads x tokens) in pt_smem's 16-bit type (bf16; f16 for PV_F16) into shared memory,
+    tokens in their own order."""
+    pt_smem.store(gl.permute(probs.to(pt_smem.dtype), (1, 0)))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -1436,31 +1451,37 @@ def _pv_tile_bf16(kv_latent, first, pt_smem, acc0, acc1, acc2, acc3, correction)
 
 @gluon.jit
 def _pv_tile(kv_latent, first, pt_smem, acc0, acc1, acc2, acc3, correction2, WARPS: gl.constexpr,
-             O_MMA: gl.constexpr, CHUNK: gl.constexpr):
+             O_MMA: gl.constexpr, CHUNK: gl.constexpr, K_WIDTH: gl.constexpr = 4):
     """acc_c = acc_c * correction + V_c^T . P^T for the four latent chunks of the tile whose first
     box is kv_latent[first]; two products in flight: chunk c's MMA runs while chunk c + 1 is read
-    and repacked."""
-    acc0 = _pv_chunk(kv_latent.index(first), pt_smem, acc0, correction2, WARPS, O_MMA, CHUNK)
-    acc1 = _pv_chunk(kv_latent.index(first + 1), pt_smem, acc1, correction2, WARPS, O_MMA, CHUNK)
+    and repacked. K_WIDTH: see _pv_chunk."""
+    acc0 = _pv_chunk(kv_latent.index(first), pt_smem, acc0, correction2, WARPS, O_MMA, CHUNK, K_WIDTH)
+    acc1 = _pv_chunk(kv_latent.index(first + 1), pt_smem, acc1, correction2, WARPS, O_MMA, CHUNK, K_WIDTH)
     acc0 = warpgroup_mma_wait(1, deps=(acc0,))
-    acc2 = _pv_chunk(kv_latent.index(first + 2), pt_smem, acc2, correction2, WARPS, O_MMA, CHUNK)
+    acc2 = _pv_chunk(kv_latent.index(first + 2), pt_smem, acc2, correction2, WARPS, O_MMA, CHUNK, K_WIDTH)
     acc1 = warpgroup_mma_wait(1, deps=(acc1,))
-    acc3 = _pv_chunk(kv_latent.index(first + 3), pt_smem, acc3, correction2, WARPS, O_MMA, CHUNK)
+    acc3 = _pv_chunk(kv_latent.index(first + 3), pt_smem, acc3, correction2, WARPS, O_MMA, CHUNK, K_WIDTH)
     acc2, acc3 = warpgroup_mma_wait(0, deps=(acc2, acc3))
     return acc0, acc1, acc2, acc3
 
 
 @gluon.jit
-def _chunks_out(acc0, acc1, acc2, acc3, WARPS: gl.constexpr, KV_FP8: gl.constexpr = True):
+def _chunks_out(acc0, acc1, acc2, acc3, WARPS: gl.constexpr, KV_FP8: gl.constexpr = True,
+                PV_F16: gl.constexpr = False):
     """The four accumulators as (128 dims x heads) P.V chunks in the store layout (fp8: rows
-    relabelled back to dims, the P_hi and P_lo columns summed)."""
-    if KV_FP8:
+    relabelled back to dims, the P_hi and P_lo columns summed; PV_F16: rows relabelled only)."""
+    if PV_F16:
+        acc0 = _rows_to_dims(acc0, WARPS)
+        acc1 = _rows_to_dims(acc1, WARPS)
+        acc2 = _rows_to_dims(acc2, WARPS)
+        acc3 = _rows_to_dims(acc3, WARPS)
+    elif KV_FP8:
         acc0 = _hi_plus_lo(_rows_to_dims(acc0, WARPS))
         acc1 = _hi_plus_lo(_rows_to_dims(acc1, WARPS))
         acc2 = _hi_plus_lo(_rows_to_dims(acc2, WARPS))
         acc3 = _hi_plus_lo(_rows_to_dims(acc3, WARPS))
     # fp8: the accumulator's own bases after the relabelling, so the compile checks that no data moves
-    LAYOUT: gl.constexpr = _output_layout(WARPS, acc0.shape[1])
+    LAYOUT: gl.constexpr = _output_layout(WARPS, acc0.shape[1], not PV_F16)
     return (gl.convert_layout(acc0, LAYOUT, assert_trivial=KV_FP8),
             gl.convert_layout(acc1, LAYOUT, assert_trivial=KV_FP8),
             gl.convert_layout(acc2, LAYOUT, assert_trivial=KV_FP8),
@@ -1770,7 +1791,7 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
                    PARTIAL_LSE, SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads,
                    q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
                    stride_lse_token, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                   LATENT: gl.constexpr, CHUNK: gl.constexpr, KV_FP8: gl.constexpr):
+                   LATENT: gl.constexpr, CHUNK: gl.constexpr, KV_FP8: gl.constexpr, PV_F16: gl.constexpr):
     """The serving API's epilogue. A request of one split writes its rows of out and lse; otherwise
     each split writes a float32 partial and its base-2 lse in slot group x slots + first_work +
     split (first_work: the request's first partial slot; slots: partial slots per row group), and the
@@ -1778,7 +1799,7 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
     count class) and resets the ticket. Rows with nothing attended: out 0, lse +inf; `poison`
     (0 or NaN) reaches out and lse."""
     running_sum = gl.sum(row_sums, 0)
-    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS, KV_FP8)
+    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS, KV_FP8, PV_F16)
     ROW_LAYOUT: gl.constexpr = running_max.type.layout
     row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, ROW_LAYOUT)
     out_base = OUT + request.to(gl.int64) * stride_o_batch
@@ -1820,6 +1841,7 @@ def _split_tiles(
     q_len, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr,
     BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
+    PV_F16: gl.constexpr = False,
 ):
     """One split's tiles in _hopper_decode: tokens [kv_begin, kv_end) of one request (custom_kernel:
     of one row) for the program's query rows, q in registers; the ring's tiles numbered on from
@@ -1860,7 +1882,7 @@ def _split_tiles(
     # Tiles.
     running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))
     row_sums = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
-    P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 else NUM_HEADS
+    P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 and not PV_F16 else NUM_HEADS
     acc0 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
     acc1 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
     acc2 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
@@ -1897,12 +1919,16 @@ def _split_tiles(
                            WARPS)
         probs, correction, running_max, row_sums = _online_softmax(scores, valid, score_scale, running_max, row_sums,
                                                                    CAUSAL)
-        if KV_FP8:
+        if PV_F16:
+            _store_probs_16(probs, pt_smem)
+            acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
+                                              correction, WARPS, O_MMA, CHUNK, 2)
+        elif KV_FP8:
             correction2 = _store_probs(probs, correction, pt_smem, BLOCK_N, NUM_HEADS)
             acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
                                               correction2, WARPS, O_MMA, CHUNK)
         else:
-            _store_probs_bf16(probs, pt_smem)
+            _store_probs_16(probs, pt_smem)
             acc0, acc1, acc2, acc3 = _pv_tile_bf16(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
                                                    correction)
 
@@ -1918,7 +1944,7 @@ def _serve_segment(
     stride_lse_head, stride_lse_token, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
     LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
-    ROWS: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
+    ROWS: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, PV_F16: gl.constexpr,
 ):
     """One split of a request on the serving API's pages (split `split` of num_splits, tokens
     [kv_begin, kv_end), partial slots from first_work): q's rows, the tiles (_split_tiles, the
@@ -1933,13 +1959,13 @@ def _serve_segment(
         lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
         kv_begin, kv_end, num_tiles, consumed, BLOCK_TABLE + request.to(gl.int64) * stride_bt, sm_scale_log2, kv_rows,
         num_blocks, seq_len, group, num_heads, q_len, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT,
-        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA)
+        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, PV_F16)
     if live:
         _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
                        poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
                        SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads,
                        q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                       stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK, KV_FP8)
+                       stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK, KV_FP8, PV_F16)
     return consumed + num_tiles
 
 
@@ -1954,7 +1980,7 @@ def _hopper_decode(
     COOPERATIVE_MERGE: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
     KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
     NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
-    KV_FP8: gl.constexpr = True, SPANS: gl.constexpr = False,
+    KV_FP8: gl.constexpr = True, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
     TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
 ):
     """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; the split
@@ -1962,7 +1988,7 @@ def _hopper_decode(
     rounding). Both entry points: custom_kernel's contiguous rows (PAGE_SIZE 0) and the serving
     API's pages (PAGE_SIZE 64 or 128: a tile is 64 tokens of one page).
 
-    Tile plan: one program = NUM_HEADS query rows (16; the serving API also 32) x one KV split,
+    Tile plan: one program = NUM_HEADS query rows (16; the serving API also 32 or 64) x one KV split,
     WARPS = 4 or 8 (at 8 the two warpgroups split S's query rows and P.V's latent dims). custom_kernel: grid
     (batch, NUM_SPLITS), the 16 heads of row `batch`'s token, equal splits of each row. Serving
     API: grid (row groups, work items), rows (query token, head) group * NUM_HEADS ... of a
@@ -1983,6 +2009,9 @@ def _hopper_decode(
     of P: STAGES 2 fits two programs per SM (237-255 registers per thread at 4 warps, no spills
     but in the span kernel's segment loop, outside its tile loops:
     docs/kernel_report.md).
+    PV_F16 (the serving API's fp8 cache): P.V in f16, V^T's fragment converted exactly
+    from fp8 in registers (2 tokens x 4 dims per thread), P^T in f16: acc_c is (128 x rows), half
+    the fp8 form's (no P_hi / P_lo columns), so 8 warps hold 64 rows (h43).
     A bf16 cache (the API only): q stays bf16, S and P.V are bf16 wgmma, P^T is bf16 and V^T is
     the ring slot read transposed by the MMA (_pv_tile_bf16); 72 KiB tiles, one program per SM.
     More than one split: float32 partials (heads x dims) and lse per split, merged by _merge_row
@@ -1995,7 +2024,9 @@ def _hopper_decode(
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     KV_DTYPE: gl.constexpr = gl.float8e4nv if KV_FP8 else gl.bfloat16
     MMA_K: gl.constexpr = 32 if KV_FP8 else 16  # the MMA's k per instruction: 32 bytes
-    P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 else NUM_HEADS  # fp8 P is two fp8 terms per row
+    P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 and not PV_F16 else NUM_HEADS  # fp8 P: two fp8 terms a row
+    P_DTYPE: gl.constexpr = gl.float16 if PV_F16 else KV_DTYPE
+    gl.static_assert(KV_FP8 or not PV_F16, "PV_F16 is P.V over an fp8 cache")
     SERVING: gl.constexpr = PAGE_SIZE > 0
     gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
     gl.static_assert(PAGE_SIZE == 0 or PAGE_SIZE % BLOCK_N == 0, "a tile is read from one page")
@@ -2003,7 +2034,7 @@ def _hopper_decode(
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
                                                      instr_shape=[16, NUM_HEADS // (WARPS // 4), MMA_K])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                     instr_shape=[16, P_COLS, MMA_K])
+                                                     instr_shape=[16, P_COLS, 16 if PV_F16 else MMA_K])
 
     # Prologue. Every global read it needs is issued before any of them is used: the scale, q and
     # the indptrs; the first TMA issue waits for the indptrs only (one memory latency, h8). Decode
@@ -2045,8 +2076,8 @@ def _hopper_decode(
                                          gl.NVMMASharedLayout.get_default_for([NUM_HEADS, CHUNK], KV_DTYPE))
     q_rope = gl.allocate_shared_memory(KV_DTYPE, [NUM_HEADS, ROPE],
                                        gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], KV_DTYPE))
-    pt_smem = gl.allocate_shared_memory(KV_DTYPE, [P_COLS, BLOCK_N],
-                                        gl.NVMMASharedLayout.get_default_for([P_COLS, BLOCK_N], KV_DTYPE))
+    pt_smem = gl.allocate_shared_memory(P_DTYPE, [P_COLS, BLOCK_N],
+                                        gl.NVMMASharedLayout.get_default_for([P_COLS, BLOCK_N], P_DTYPE))
 
     if SERVING:
         # Spans: one segment per request the program's span of the batch's tiles meets, the ring's
@@ -2066,7 +2097,7 @@ def _hopper_decode(
                     num_blocks, target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token,
                     stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
                     stride_lse_head, stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS,
-                    NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA)
+                    NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16)
                 request += 1
                 tile_begin = tile_end
         else:
@@ -2080,7 +2111,7 @@ def _hopper_decode(
                 target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token, stride_q_head,
                 stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
                 stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS, NUM_HEADS, LATENT, ROPE,
-                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA)
+                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16)
         for ring_slot in gl.static_range(STAGES):
             mbarrier.invalidate(loaded.index(ring_slot))
     else:
@@ -2125,7 +2156,7 @@ def _mla_decode_paged_hopper_kernel(
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
     LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    SPANS: gl.constexpr = False,
+    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
 ):
     """_hopper_decode over the serving API's pages: grid (row groups, chunks plus one per request);
     with SPANS, where a call takes spans, the first `used` programs of each group take a span each
@@ -2136,7 +2167,7 @@ def _mla_decode_paged_hopper_kernel(
                    stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
                    stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
                    KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
-                   SPANS)
+                   SPANS, PV_F16)
 
 
 def hopper_layouts(dtype="fp8e4nv"):
@@ -2183,11 +2214,11 @@ SM90_SHARED_PER_SM = 228 * 1024  # bytes; the system reserves 1 KiB of it per re
 
 def hopper_shared_bytes_bound(num_stages, element_bytes=1, rows=NUM_HEADS):
     """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 elements per
-    slot), q (rows x 576), P^T (64 tokens x 2 bytes per row: fp8 hi and lo, or bf16), the barriers
-    and 24 KiB for the compiler's scratch (the span schedule's epilogue cannot reuse the ring's
-    space, which lives across its segment loop: NOTES.md h42; tests/test_kernel_report.py checks
-    the sm_90 compile stays under it); element_bytes 2 for a bf16 cache; rows: query rows per
-    program."""
+    slot), q (rows x 576), P^T (64 tokens x 2 bytes per row: fp8 hi and lo, f16 or bf16), the
+    barriers and 24 KiB for the compiler's scratch (the span schedule's epilogue cannot reuse the
+    ring's space, which lives across its segment loop: NOTES.md h42; tests/test_kernel_report.py
+    checks the sm_90 compile stays under it); element_bytes 2 for a bf16 cache; rows: query rows
+    per program."""
     return (element_bytes * (num_stages * 64 * QK_HEAD_DIM + rows * QK_HEAD_DIM) + 2 * rows * 64
             + 8 * num_stages + 24576)
 
@@ -2296,7 +2327,8 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
                        "NUM_HEADS": params.get("rows", SERVING_ROWS),
                        "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
                        "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
-                       "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False)},
+                       "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False),
+                       "PV_F16": params.get("pv_f16", False)},
         "aligned_args": [name for name, kind in signature.items() if kind[0] == "*"],
         "num_warps": params["num_warps"], "num_stages": 1,
     } for page in page_sizes for c in causal]
@@ -3373,14 +3405,20 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # requests; "rows": query rows per program (16 where absent), each program one pass over its
 # split's tiles (with spans, over each of its segments'). A bf16 cache with 32 or more rows: 32
 # rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x
-# the 16-row row's speed: NOTES.md h40). Not for fp8:
-# there 8 warps repack V in narrower pieces and 32 rows ran 0.78x (h40). Everything else: the
-# portable kernel (NOTES.md h36, h38). num_stages 2 for bf16: three 64-token bf16 tiles do not fit
-# an H200's shared memory. Not here, by the sm_90 compile: bf16 at 32 rows and 4 warps (spills
-# 128 B), at 64 rows and 8 warps (spills 8-28 B at 255 registers).
+# the 16-row row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted
+# exactly in registers, P in f16, half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64
+# rows and 8 warps (grid A 1.40x the 16-row row: 990 against 1386 us), the rest at 16 rows and 4
+# warps (C 1.03x, B even, no spills in the span kernel's tile loops; NOTES.md h43). Not 32 rows
+# for fp8: at 8 warps even with B at two query tokens (h43), 0.78x with P_hi / P_lo (h40); at 4
+# warps its f16 accumulators spill. Everything else: the portable kernel (NOTES.md h36, h38).
+# num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory. Not here:
+# bf16 at 32 rows and 4 warps (spills 128 B), at 64 rows and 8 warps (240 KiB of shared memory).
 SERVING_ROUTE_TABLE = [
+    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "pv_f16": True}},
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
-     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True}},
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
      "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True}},
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
@@ -3672,7 +3710,8 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
                   "WARPS": params["num_warps"], "NUM_HEADS": rows, "CAUSAL": causal and s_q > 1,
                   "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
-                  "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits)}
+                  "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits),
+                  "PV_F16": params.get("pv_f16", False)}
     scalars = _with_k_scale((
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
         batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),

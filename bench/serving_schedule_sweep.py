@@ -54,12 +54,15 @@ def cases(grids, s_ks):
 
 
 def parse_rows(text):
-    """'table:16,4,2:32,8,3' -> [None, (16, 4, 2), (32, 8, 3)] (None: the table's own row)."""
+    """'table:16,4,2:32,4,2,1' -> [None, (16, 4, 2), (32, 4, 2, 1)] (None: the table's own row; a
+    fourth field: 1 P.V in f16 (the row's pv_f16), 0 fp8 hi and lo)."""
     return [None if spec == "table" else tuple(int(v) for v in spec.split(",")) for spec in text.split(":")]
 
 
 def row_label(row_config):
-    return "table" if row_config is None else "r{}w{}s{}".format(*row_config)
+    if row_config is None:
+        return "table"
+    return "r{}w{}s{}".format(*row_config) + {4: "f" if row_config[3:] == (1,) else "h"}.get(len(row_config), "")
 
 
 def forced_row(shape, row_config, schedule):
@@ -71,6 +74,8 @@ def forced_row(shape, row_config, schedule):
     params = dict(base["params"])
     if row_config is not None:
         params.update(rows=row_config[0], num_warps=row_config[1], num_stages=row_config[2])
+        if len(row_config) > 3:
+            params.update(pv_f16=bool(row_config[3]))
     params.update(waves=schedule[0], min_chunk=schedule[1])
     if len(schedule) > 3:  # 1: the span schedule (one span of the batch's tiles per program), 0: chunks
         params.update(spans=bool(schedule[3]))
@@ -107,7 +112,7 @@ def time_settings(case, cache, scale, s_q, settings, flush, repeats):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="table",
-                        help="row configurations rows,num_warps,num_stages or 'table', colon-separated")
+                        help="row configurations rows,num_warps,num_stages[,pv_f16] or 'table', colon-separated")
     parser.add_argument("--configs", default="1,256,16:2,256,16:1,512,16:2,512,16",
                         help="waves,min_chunk,max_splits[,spans] settings, colon-separated (spans 1: the "
                              "row's 'spans' on: the kernel that chooses chunks or spans per call, where "

@@ -171,35 +171,41 @@ def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch):
 # DotOperandLayout(0, NVMMADistributedLayout([3, 0], [warps, 1], [16, 32, 32]), k_width=4) on
 # (128 rows x 64 k), as (row, k) bases: the PTX fragment of wgmma .m64nNk32 .e4m3 (4 consecutive k
 # of a row per 32-bit register; lanes: k bits 2-3, then row bits 0-2; warps: 16-row groups).
+# k_width 2 (PV_F16: wgmma .m64nNk16 .f16, [16, 32, 16]): 2 consecutive k per register, lanes k
+# bits 1-2. Both read off Gluon's to_linear_layout for these layouts.
 A_FRAGMENT = {
-    4: {"reg": [[0, 1], [0, 2], [8, 0], [0, 16], [0, 32], [64, 0]],
-        "lane": [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], "warp": [[16, 0], [32, 0]]},
-    8: {"reg": [[0, 1], [0, 2], [8, 0], [0, 16], [0, 32]],
-        "lane": [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], "warp": [[16, 0], [32, 0], [64, 0]]},
+    (4, 4): {"reg": [[0, 1], [0, 2], [8, 0], [0, 16], [0, 32], [64, 0]],
+             "lane": [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], "warp": [[16, 0], [32, 0]]},
+    (8, 4): {"reg": [[0, 1], [0, 2], [8, 0], [0, 16], [0, 32]],
+             "lane": [[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], "warp": [[16, 0], [32, 0], [64, 0]]},
+    (4, 2): {"reg": [[0, 1], [8, 0], [0, 8], [0, 16], [0, 32], [64, 0]],
+             "lane": [[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]], "warp": [[16, 0], [32, 0]]},
+    (8, 2): {"reg": [[0, 1], [8, 0], [0, 8], [0, 16], [0, 32]],
+             "lane": [[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]], "warp": [[16, 0], [32, 0], [64, 0]]},
 }
 
 
-def _v_relabelled(warps):
+def _v_relabelled(warps, k_width=4):
     """(128 rows x 64 k) of flat (token * 128 + dim) labels after _pv_chunk's reshape/permute."""
     labels = np.arange(64 * 128).reshape(64, 128)
-    return labels.reshape([2] * 13).transpose(submission._v_operand_order(warps)).reshape(128, 64)
+    return labels.reshape([2] * 13).transpose(submission._v_operand_order(warps, k_width)).reshape(128, 64)
 
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
-@pytest.mark.parametrize("warps", (4, 8))
-def test_v_chunk_load_relabelled_is_the_wgmma_a_fragment(warps):
+@pytest.mark.parametrize("warps,k_width", sorted(A_FRAGMENT))
+def test_v_chunk_load_relabelled_is_the_wgmma_a_fragment(warps, k_width):
     """Each basis of the V-chunk load layout, (token, dim), lands after the relabelling at the
     (row, k) of the same basis of the A fragment: lanes and warps in order, registers as a set
     (their order is free). A wrong bit table would make the compiler shuffle V through shared
     memory, or, with a consistent P order, still be right but slow: this pins the fast layout."""
-    relabelled = _v_relabelled(warps)
+    relabelled = _v_relabelled(warps, k_width)
 
     def where(basis):  # (token, dim) basis -> its (row, k) after the relabel
         row, k = np.argwhere(relabelled == basis[0] * 128 + basis[1])[0]
         return [int(row), int(k)]
 
-    load = submission._v_operand_load_layout(warps)
-    fragment = A_FRAGMENT[warps]
+    load = submission._v_operand_load_layout(warps, k_width)
+    fragment = A_FRAGMENT[warps, k_width]
     assert [where(b) for b in load.lane_bases] == fragment["lane"]
     assert [where(b) for b in load.warp_bases] == fragment["warp"]
     assert sorted(where(b) for b in load.reg_bases) == sorted(fragment["reg"])
@@ -220,6 +226,30 @@ def test_p_order_and_output_rows_match_the_v_relabelling(warps):
     rows = np.arange(128).reshape([2] * 7 + [1]).transpose(submission._rows_to_dims_order(warps)).reshape(128)
     assert (dim_of_row[rows] == np.arange(128)).all()
     out = submission._output_layout(warps)
+    assert out.reg_bases[:2 if warps == 4 else 1] == ([[1, 0], [2, 0]] if warps == 4 else [[1, 0]])
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
+@pytest.mark.parametrize("warps", (4, 8))
+@pytest.mark.parametrize("rows", (16, 32))
+def test_f16_product_keeps_token_order_and_stores_from_the_accumulator(warps, rows):
+    """PV_F16: P^T is stored in its tokens' own order, so V's relabelled k must be the token itself;
+    the output layout (pairs False) holds the accumulator's elements (wgmma .m64nNk16's C fragment,
+    N = rows, after _rows_to_dims) thread by thread, so its conversion moves no data (the kernel
+    asserts it), 4 (2) consecutive dims first."""
+    relabelled = _v_relabelled(warps, 2)
+    assert (relabelled[0, :] // 128 == np.arange(64)).all()
+    dim_of_row = [int(d) for d in relabelled[:, 0] % 128]  # row -> latent dim
+
+    def dims(bases):  # accumulator (row, head) bases -> (dim, head)
+        return [[dim_of_row[r], h] for r, h in bases]
+    heads = [[0, 1 << bit] for bit in range(3, rows.bit_length() - 1)]
+    acc = {"reg": [[0, 1], [8, 0]] + heads[:1] + ([[64, 0]] if warps == 4 else []) + heads[1:],
+           "lane": [[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+           "warp": [[16, 0], [32, 0]] + ([[64, 0]] if warps == 8 else [])}
+    out = submission._output_layout(warps, rows, pairs=False)
+    assert out.lane_bases == dims(acc["lane"]) and out.warp_bases == dims(acc["warp"])
+    assert sorted(out.reg_bases) == sorted(dims(acc["reg"]))
     assert out.reg_bases[:2 if warps == 4 else 1] == ([[1, 0], [2, 0]] if warps == 4 else [[1, 0]])
 
 
@@ -252,10 +282,11 @@ def _xor_span(bases, index):
 
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
-def test_v_chunk_loads_are_free_of_bank_conflicts():
+@pytest.mark.parametrize("k_width", (4, 2))
+def test_v_chunk_loads_are_free_of_bank_conflicts(k_width):
     """At 4 warps every 32-bit load of a warp reads 32 different banks of the TMA tile (64 tokens x
     128 bytes, 128-byte swizzle: 16-byte chunk c of row t sits at chunk c ^ (t % 8))."""
-    load = submission._v_operand_load_layout(4)
+    load = submission._v_operand_load_layout(4, k_width)
     vector_bits = 2  # the first two register bases are the 4 bytes of one 32-bit word
     for reg in range(1 << (len(load.reg_bases) - vector_bits)):
         base = _xor_span(load.reg_bases[vector_bits:], reg)
@@ -361,12 +392,17 @@ def _serving_row(shape, monkeypatch):
 def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wide):
     """A bf16 plan with fewer than 32 query rows (s_q x h_q) takes the 16-row Hopper row; 32 or
     more the row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows).
-    fp8 plans take 16 rows at any count (32 rows at 8 warps measured slower: NOTES.md h40)."""
-    rows = 32 if wide and kv == "bf16" else 16
+    fp8 plans take 16 rows below 64 (32 rows measured no faster: NOTES.md h40, h43) and 64 rows at
+    8 warps with P.V in f16 from 64 on; every fp8 row's P.V is f16 on the serving API."""
+    if kv == "bf16":
+        rows = 32 if wide else 16
+    else:
+        rows = 64 if s_q * h_q >= 64 else 16
     row = _serving_row((128, s_q, h_q, 64, kv, s_q > 1), monkeypatch)
     assert row["route"] == "hopper_paged" and row["kv"] == kv
     assert submission.route_rows(row) == rows and s_q * h_q >= row.get("min_rows", 0)
-    assert row["params"]["num_warps"] == (8 if rows == 32 else 4)
+    assert row["params"]["num_warps"] == (4 if rows == 16 else 8)
+    assert row["params"].get("pv_f16", False) == (kv == "fp8")
     # pages smaller than a tile still go to the portable kernel, whose programs hold 16 rows
     portable = _serving_row((128, s_q, h_q, 16, kv, s_q > 1), monkeypatch)
     assert portable["route"] == "triton_paged" and submission.route_rows(portable) == submission.SERVING_ROWS
@@ -386,10 +422,12 @@ def test_residency_and_shared_bound_take_the_rows():
     assert bound(2, 2, 32) - bound(2, 2, 16) == 2 * 16 * 576 + 2 * 16 * 64
     assert submission.hopper_programs_per_sm(8, 3, 1, 32) == 1 and submission.hopper_programs_per_sm(8, 2, 2, 32) == 1
     assert bound(3, 1, 32) < submission.SM90_SHARED_PER_SM and bound(2, 2, 32) < submission.SM90_SHARED_PER_SM
+    assert submission.hopper_programs_per_sm(8, 2, 1, 64) == 1 and bound(2, 1, 64) < submission.SM90_SHARED_PER_SM
 
 
-@pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 16, 4),
-                                                   ("bf16", 1, 128, 32, 8), ("bf16", 2, 8, 16, 4)])
+@pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 64, 8),
+                                                   ("fp8", 2, 24, 16, 4), ("bf16", 1, 128, 32, 8),
+                                                   ("bf16", 2, 8, 16, 4)])
 def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_q, rows, warps):
     """_fill_plan cuts s_q x h_q into cdiv(s_q x h_q, rows) groups, aims for one chunk per program
     slot (132 SMs x programs per SM), and sizes the partials (slots, 512, rows) and their lse
@@ -420,3 +458,4 @@ def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_
     [(grid, _, _, constexprs)] = launched
     assert grid == (groups, plan.num_splits + batch)
     assert (constexprs["NUM_HEADS"], constexprs["WARPS"], constexprs["KV_FP8"]) == (rows, warps, kv == "fp8")
+    assert constexprs["PV_F16"] == (kv == "fp8")

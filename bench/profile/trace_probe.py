@@ -42,9 +42,10 @@ INSERTIONS = [
      "        split = pid1\n        t_start = {S}\n        c_start = {C}\n"
      "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
     # _split_tiles (the tile loop, both entry points) records its phases where given a trace slot
-    ("    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n):",
+    ("    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n"
+     "    PV_F16: gl.constexpr = False,\n):",
      "    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n"
-     "    trace=None,\n):"),
+     "    PV_F16: gl.constexpr = False, trace=None,\n):"),
     ("            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n",
      "            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n"
      "    t_prologue = {S}\n"
