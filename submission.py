@@ -1882,7 +1882,7 @@ def _split_tiles(
     # Tiles.
     running_max = gl.full([NUM_HEADS], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_MMA))
     row_sums = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
-    P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 and not PV_F16 else NUM_HEADS
+    P_COLS: gl.constexpr = pt_smem.shape[0]  # P^T's columns (fp8 P: P_hi and P_lo per row)
     acc0 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
     acc1 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)
     acc2 = gl.zeros([CHUNK, P_COLS], gl.float32, layout=O_MMA)

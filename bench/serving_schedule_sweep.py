@@ -62,7 +62,10 @@ def parse_rows(text):
 def row_label(row_config):
     if row_config is None:
         return "table"
-    return "r{}w{}s{}".format(*row_config) + {4: "f" if row_config[3:] == (1,) else "h"}.get(len(row_config), "")
+    label = "r{}w{}s{}".format(*row_config)
+    if len(row_config) > 3:  # P.V in f16, or fp8 hi and lo
+        label += "f" if row_config[3] else "h"
+    return label
 
 
 def forced_row(shape, row_config, schedule):
