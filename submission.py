@@ -1379,16 +1379,56 @@ def _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX: gl.constexpr):
     return amax / FP8_MAX
 
 
+@_constexpr_function
+def _exchange_layout(row_layout):
+    """(rows x 4 token warps) layout of the shared row-max exchange read back: the 4 warps'
+    partial maxima of a row in one thread's registers (one 16-byte load), the rows spread as in
+    row_layout (a linear layout of the rows), so that the max over the 4 lands in row_layout with
+    no data moved."""
+    lift = lambda bases: [[b[0], 0] for b in bases]  # noqa: E731
+    return gl.DistributedLinearLayout([[0, 1], [0, 2]] + lift(row_layout.reg_bases), lift(row_layout.lane_bases),
+                                      lift(row_layout.warp_bases), [], [row_layout.shape[0], 4])
+
+
 @gluon.jit
-def _online_softmax(scores, valid, score_scale, running_max, row_sums, CAUSAL: gl.constexpr = False):
+def _exchanged_max(scores, exchange):
+    """The (tokens x rows) tile's max per row, in the rows' layout of scores: each warp reduces its
+    16 tokens in registers and lanes, writes its partial to `exchange` (rows x 4, float32), and
+    after one barrier every thread reads the 4 partials of its rows (where gl.max over the warps
+    takes two barriers: NOTES.md h44)."""
+    ROWS: gl.constexpr = scores.shape[1]
+    gl.static_assert(scores.shape[0] == 64, "4 token warps of 16 tokens")
+    exchange.store(gl.permute(gl.max(gl.reshape(scores, [4, 16, ROWS]), 1), (1, 0)))
+    gl.thread_barrier()
+    S_ROWS: gl.constexpr = gl.SliceLayout(0, scores.type.layout)
+    return gl.convert_layout(gl.max(exchange.load(_exchange_layout(gl.to_linear_layout(S_ROWS, [ROWS]))), 1),
+                             S_ROWS)
+
+
+@gluon.jit
+def _through_shared(values, buffer, LAYOUT: gl.constexpr):
+    """values in LAYOUT by way of `buffer` (shared, values' shape) and one barrier, where
+    gl.convert_layout from the rows of S^T to those of P.V takes three (NOTES.md h44)."""
+    buffer.store(values)
+    gl.thread_barrier()
+    return buffer.load(LAYOUT)
+
+
+@gluon.jit
+def _online_softmax(scores, valid, score_scale, running_max, row_sums, CAUSAL: gl.constexpr = False,
+                    exchange=None):
     """One tile's step of the online softmax (float32, base 2): the tile's probabilities, the
     factor that rescales the earlier terms, the new running max and the (tokens x heads) sums. The
     sums are reduced over tokens once after the loop: a per-tile reduction over tokens crosses the
-    warps (shared memory and a barrier); the max still must (h8). `valid`: (tokens x 1), or
-    (tokens x rows) where causal rows end at different tokens; such a row may have no token yet
-    (max -inf): it is shifted by 0, not by -inf."""
+    warps (shared memory and a barrier); the max still must (h8), through `exchange` where given
+    (_exchanged_max). `valid`: (tokens x 1), or (tokens x rows) where causal rows end at different
+    tokens; such a row may have no token yet (max -inf): it is shifted by 0, not by -inf."""
     scores = gl.where(valid, scores * score_scale, float("-inf"))
-    new_max = gl.maximum(running_max, gl.max(scores, 0))
+    if exchange is None:
+        tile_max = gl.max(scores, 0)
+    else:
+        tile_max = _exchanged_max(scores, exchange)
+    new_max = gl.maximum(running_max, tile_max)
     shift = new_max
     if CAUSAL:
         shift = gl.where(new_max == float("-inf"), 0.0, new_max)
@@ -1841,13 +1881,16 @@ def _split_tiles(
     q_len, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr,
     BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
-    PV_F16: gl.constexpr = False,
+    PV_F16: gl.constexpr = False, exchange=None, factors=None,
 ):
     """One split's tiles in _hopper_decode: tokens [kv_begin, kv_end) of one request (custom_kernel:
     of one row) for the program's query rows, q in registers; the ring's tiles numbered on from
     `consumed` (the tiles the program's earlier splits read). Loads the tiles, runs the online
     softmax and P.V; returns (the four P.V accumulators, running max, row sums, whether a used
-    block id was outside the cache). The caller writes the epilogue."""
+    block id was outside the cache). The caller writes the epilogue. With `exchange` and `factors`
+    (shared scratch; P^T in 16 bits, a column a row): each tile's row max crosses the warps
+    through `exchange` (_exchanged_max) and the rescale factors reach P.V's layout through
+    `factors` (_through_shared), two barriers where the layouts' conversions take five."""
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) * (1 if KV_FP8 else 2)
     SERVING: gl.constexpr = PAGE_SIZE > 0
@@ -1918,7 +1961,9 @@ def _split_tiles(
                 _zero_tail(kv_latent, slot * NUM_CHUNKS, kv_end - kv_begin - i * BLOCK_N, NUM_CHUNKS, BLOCK_N, CHUNK,
                            WARPS)
         probs, correction, running_max, row_sums = _online_softmax(scores, valid, score_scale, running_max, row_sums,
-                                                                   CAUSAL)
+                                                                   CAUSAL, exchange)
+        if factors is not None:
+            correction = _through_shared(correction, factors, gl.SliceLayout(0, O_MMA))
         if PV_F16:
             _store_probs_16(probs, pt_smem)
             acc0, acc1, acc2, acc3 = _pv_tile(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
@@ -1945,6 +1990,7 @@ def _serve_segment(
     PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
     LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
     ROWS: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, PV_F16: gl.constexpr,
+    exchange, factors,
 ):
     """One split of a request on the serving API's pages (split `split` of num_splits, tokens
     [kv_begin, kv_end), partial slots from first_work): q's rows, the tiles (_split_tiles, the
@@ -1959,7 +2005,7 @@ def _serve_segment(
         lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
         kv_begin, kv_end, num_tiles, consumed, BLOCK_TABLE + request.to(gl.int64) * stride_bt, sm_scale_log2, kv_rows,
         num_blocks, seq_len, group, num_heads, q_len, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT,
-        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, PV_F16)
+        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, PV_F16, exchange, factors)
     if live:
         _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
                        poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
@@ -1981,6 +2027,7 @@ def _hopper_decode(
     KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
     NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
     KV_FP8: gl.constexpr = True, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False,
     TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
 ):
     """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; the split
@@ -2012,6 +2059,9 @@ def _hopper_decode(
     PV_F16 (the serving API's fp8 cache): P.V in f16, V^T's fragment converted exactly
     from fp8 in registers (2 tokens x 4 dims per thread), P^T in f16: acc_c is (128 x rows), half
     the fp8 form's (no P_hi / P_lo columns), so 8 warps hold 64 rows (h43).
+    SHARED_MAX (P^T in 16 bits): the row max crosses the warps and the rescale factors reach P.V's
+    rows through two small shared buffers, two barriers a tile where layout conversions take five
+    (h44).
     A bf16 cache (the API only): q stays bf16, S and P.V are bf16 wgmma, P^T is bf16 and V^T is
     the ring slot read transposed by the MMA (_pv_tile_bf16); 72 KiB tiles, one program per SM.
     More than one split: float32 partials (heads x dims) and lse per split, merged by _merge_row
@@ -2078,6 +2128,12 @@ def _hopper_decode(
                                        gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], KV_DTYPE))
     pt_smem = gl.allocate_shared_memory(P_DTYPE, [P_COLS, BLOCK_N],
                                         gl.NVMMASharedLayout.get_default_for([P_COLS, BLOCK_N], P_DTYPE))
+    exchange = None
+    factors = None
+    if SHARED_MAX:  # a tile's partial row maxima (rows x 4 token warps) and its rescale factors
+        gl.static_assert(P_COLS == NUM_HEADS, "P^T in 16 bits: one column a row")
+        exchange = gl.allocate_shared_memory(gl.float32, [NUM_HEADS, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        factors = gl.allocate_shared_memory(gl.float32, [NUM_HEADS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
     if SERVING:
         # Spans: one segment per request the program's span of the batch's tiles meets, the ring's
@@ -2097,7 +2153,8 @@ def _hopper_decode(
                     num_blocks, target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token,
                     stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
                     stride_lse_head, stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS,
-                    NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16)
+                    NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange,
+                    factors)
                 request += 1
                 tile_begin = tile_end
         else:
@@ -2111,7 +2168,7 @@ def _hopper_decode(
                 target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token, stride_q_head,
                 stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
                 stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS, NUM_HEADS, LATENT, ROPE,
-                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16)
+                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange, factors)
         for ring_slot in gl.static_range(STAGES):
             mbarrier.invalidate(loaded.index(ring_slot))
     else:
@@ -2156,7 +2213,7 @@ def _mla_decode_paged_hopper_kernel(
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
     LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
+    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
 ):
     """_hopper_decode over the serving API's pages: grid (row groups, chunks plus one per request);
     with SPANS, where a call takes spans, the first `used` programs of each group take a span each
@@ -2167,7 +2224,7 @@ def _mla_decode_paged_hopper_kernel(
                    stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
                    stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
                    KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
-                   SPANS, PV_F16)
+                   SPANS, PV_F16, SHARED_MAX)
 
 
 def hopper_layouts(dtype="fp8e4nv"):
@@ -2328,7 +2385,8 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
                        "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
                        "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
                        "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False),
-                       "PV_F16": params.get("pv_f16", False)},
+                       "PV_F16": params.get("pv_f16", False),
+                       "SHARED_MAX": params.get("shared_max", False)},
         "aligned_args": [name for name, kind in signature.items() if kind[0] == "*"],
         "num_warps": params["num_warps"], "num_stages": 1,
     } for page in page_sizes for c in causal]
@@ -3413,14 +3471,17 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # warps its f16 accumulators spill. Everything else: the portable kernel (NOTES.md h36, h38).
 # num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory. Not here:
 # bf16 at 32 rows and 4 warps (spills 128 B), at 64 rows and 8 warps (240 KiB of shared memory).
+# "shared_max" (P^T in 16 bits, two warpgroups): the row max and the rescale factors through
+# shared memory, two barriers a tile for five (fp8 A 1.01x, bf16 A 1.04x; 16 rows even: h44).
 SERVING_ROUTE_TABLE = [
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
      "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
-                "pv_f16": True}},
+                "pv_f16": True, "shared_max": True}},
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
-     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True}},
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "shared_max": True}},
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
@@ -3711,7 +3772,8 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
                   "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
                   "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits),
-                  "PV_F16": params.get("pv_f16", False)}
+                  "PV_F16": params.get("pv_f16", False),
+                  "SHARED_MAX": params.get("shared_max", False)}
     scalars = _with_k_scale((
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
         batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),

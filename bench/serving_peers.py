@@ -16,11 +16,14 @@ note otherwise); vLLM's fp8 fork when --vllm-fp8 names a folder holding peer_vll
 build/ (vllm_fp8_build.sh). FlashInfer's MLA wrapper when `flashinfer` imports. --baseline FILE
 adds another copy of submission.py (an earlier version, say `git show HEAD~1:submission.py`) as
 the providers "base bf16" / "base fp8": an A/B of two versions in one process.
-Per case and provider: kernel time (CUDA events around one call after an L2 flush; median and
-mean of --repeats), host time of one eager call (perf_counter; median; with the GPU idle before,
-and on a warm host with a spin kernel queued before: see host_time), and
-the error against float64 attention over the bf16 values (rel. L2 of out over every attended row;
-ours also lse's max abs error). Ratios: FlashMLA time / provider time (> 1: faster than FlashMLA).
+Per case and provider: event time (CUDA events around one call after an L2 flush; median and
+mean of --repeats: host time inside the call counts where the GPU waits for it), profiler kernel
+time (the GPU's own time per call, its kernels' durations summed, each call after an L2 flush:
+no host time, no launch gaps; median of --repeats), host time of one eager call (perf_counter;
+median; with the GPU idle before, and on a warm host with a spin kernel queued before: see
+host_time), and the error against float64 attention over the bf16 values (rel. L2 of out over
+every attended row; ours also lse's max abs error). Ratios: FlashMLA time / provider time (> 1: faster than FlashMLA),
+per grid for both times.
 """
 import argparse
 import importlib
@@ -102,6 +105,51 @@ def kernel_times(fn, repeats, flush):
     """(median, mean) in us of `repeats` calls, each timed by utils.time_call (events around one
     call after the flush)."""
     times = [utils.time_call(fn, "cuda", flush)[1] / 1e3 for _ in range(repeats)]
+    return statistics.median(times), statistics.mean(times)
+
+
+def split_calls(kernels, repeats, flush_kernels):
+    """Per-call GPU time (us) from a profile of `repeats` x (flush, call): `kernels` the profile's
+    GPU activities as (name, start_us, duration_us), `flush_kernels` the names one flush alone
+    launches, in order. Each call's time is the sum of its own activities' durations (what runs
+    between one flush's activities and the next's); a profile that does not hold `repeats` such
+    flushes is an error, not a guess."""
+    kernels = sorted(kernels, key=lambda k: k[1])
+    width = len(flush_kernels)
+    starts = [i for i in range(len(kernels) - width + 1)
+              if [k[0] for k in kernels[i:i + width]] == list(flush_kernels)]
+    if width == 0 or len(starts) != repeats or starts[0] != 0:
+        raise RuntimeError(f"expected {repeats} flushes {list(flush_kernels)} opening the profile, "
+                           f"found {len(starts)} in {[k[0] for k in kernels][:12]}")
+    bounds = starts + [len(kernels)]
+    return [sum(k[2] for k in kernels[bounds[i] + width:bounds[i + 1]]) for i in range(repeats)]
+
+
+def _gpu_activities(fn):
+    """(name, start_us, duration_us) of the GPU kernels, copies and sets fn() launched (profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def profiler_times(fn, repeats, flush):
+    """(median, mean) in us of the GPU's own time per call (split_calls), each call after a flush.
+    The flush ends in a spin kernel of one cycle, so that a provider's own fill kernel (the
+    flush's kind) cannot pass for a flush."""
+    def marked_flush():
+        flush()
+        torch.cuda._sleep(1)
+    flush_kernels = [k[0] for k in sorted(_gpu_activities(marked_flush), key=lambda k: k[1])]
+
+    def calls():
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            marked_flush()
+            fn()
+    times = split_calls(_gpu_activities(calls), repeats, flush_kernels)
     return statistics.median(times), statistics.mean(times)
 
 
@@ -199,20 +247,26 @@ def main():
                 torch.cuda.synchronize()
                 rel, lse_err = (float("nan"), None) if exact_out is None else errors(out, lse, exact_out, exact_lse)
                 median, mean = kernel_times(fn, args.repeats, flush)
+                try:
+                    gpu, gpu_mean = profiler_times(fn, args.repeats, flush)
+                except RuntimeError as exc:  # a profile that does not split into the calls: no GPU time
+                    print(f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k}: {name} profiler: {exc}", flush=True)
+                    gpu = gpu_mean = float("nan")
                 host = host_time(fn, args.host_repeats)
                 host_busy = host_time(fn, args.host_repeats, busy=True)
             except Exception as exc:  # a peer that cannot take the case: say so, go on
                 print(f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k}: {name} failed: {exc!r}", flush=True)
                 continue
             row = {"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "causal": causal,
-                   "provider": name, "median_us": median, "mean_us": mean, "host_us": host, "host_busy_us": host_busy,
+                   "provider": name, "median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean,
+                   "host_us": host, "host_busy_us": host_busy,
                    "rel_l2": rel,
                    "lse_err": lse_err, "tokens": tokens,
                    "tflops": 2 * tokens * s_q * h_q * (576 + 512) / median / 1e6,
                    "bf16_tb_s": tokens * 1152 / median / 1e6}
             rows.append(row)
             print(f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k} {name:14s} {median:9.1f} us (mean {mean:9.1f}) "
-                  f"host {host:6.1f} / busy {host_busy:5.1f} us  {row['tflops']:6.1f} TFLOPS  "
+                  f"gpu {gpu:9.1f}  host {host:6.1f} / busy {host_busy:5.1f} us  {row['tflops']:6.1f} TFLOPS  "
                   f"{row['bf16_tb_s']:5.2f} TB/s(bf16)  "
                   f"rel {rel:.2e}" + (f"  lse {lse_err:.1e}" if lse_err is not None else ""), flush=True)
         del case, exact_out, exact_lse
@@ -223,22 +277,25 @@ def main():
             json.dump({"notes": notes, "rows": rows, "device": torch.cuda.get_device_name()}, f, indent=1)
 
 
+def geomean(values):
+    return math.exp(statistics.mean(math.log(v) for v in values))
+
+
 def print_summary(rows):
-    """Geomean per grid and provider of kernel time and host time; ratios to FlashMLA where it ran."""
+    """Geomean per grid and provider of event time, profiler GPU time and host time; FlashMLA's time
+    over the provider's (event, GPU) where FlashMLA ran the same cases."""
     by = {}
     for row in rows:
         by.setdefault((row["grid"], row["provider"]), []).append(row)
     for (grid, name), group in sorted(by.items()):
-        geo = math.exp(statistics.mean(math.log(r["median_us"]) for r in group))
-        host = math.exp(statistics.mean(math.log(r["host_us"]) for r in group))
-        busy = math.exp(statistics.mean(math.log(r["host_busy_us"]) for r in group))
         peer = by.get((grid, "FlashMLA bf16"))
         ratio = ""
         if peer and len(peer) == len(group):
-            ratio = "  FlashMLA / this: %.2fx" % math.exp(statistics.mean(
-                math.log(p["median_us"] / r["median_us"]) for p, r in zip(peer, group, strict=True)))
-        print(f"grid {grid} {name:14s} kernel geomean {geo:9.1f} us  host geomean {host:6.1f} us "
-              f"(busy GPU {busy:5.1f} us){ratio}")
+            ratio = "  FlashMLA / this: %.2fx (gpu %.2fx)" % tuple(
+                geomean(p[key] / r[key] for p, r in zip(peer, group, strict=True)) for key in ("median_us", "gpu_us"))
+        print(f"grid {grid} {name:14s} event geomean {geomean(r['median_us'] for r in group):9.1f} us  "
+              f"gpu {geomean(r['gpu_us'] for r in group):9.1f} us  host {geomean(r['host_us'] for r in group):6.1f} "
+              f"us (busy GPU {geomean(r['host_busy_us'] for r in group):5.1f} us){ratio}")
 
 
 if __name__ == "__main__":

@@ -80,9 +80,9 @@ def _call(mod, inputs, plan=None, **changes):
     return out, lse, plan
 
 
-def _route_of(mod, kv, heads, s_q, page=16):
-    """The route a plan of this shape gets (chosen without running anything)."""
-    return mod.serving_route_row((2, s_q, heads, page, kv, True))["route"]
+def _route_of(mod, kv, heads, s_q, page=16, table=None):
+    """The route a plan of this shape gets (chosen without running anything; from `table` where given)."""
+    return mod.serving_route_row((2, s_q, heads, page, kv, True), table)["route"]
 
 
 def test_the_expectations_cover_every_generation_the_double_models():
@@ -92,18 +92,21 @@ def test_the_expectations_cover_every_generation_the_double_models():
 
 @pytest.mark.parametrize("generation", GENERATIONS)
 def test_the_table_sends_each_case_where_it_is_served(generation):
-    """aiter for the single-token head counts it serves with an lse; Triton for the rest."""
+    """aiter for the single-token head counts it serves with an lse; for the rest the route the
+    machine's own table gives (the portable kernel; on Hopper, the Hopper kernel on its pages)."""
     mod = _load(generation).module
     lse = DECODE_LSE[generation]
     assert mod.AITER_SERVING_CAPABILITIES == ({"decode_lse", "fp8_8_heads"} if lse else set())
     served = {"fp8": FP8_HEADS[lse], "bf16": BF16_HEADS[lse]}
     for kv in ("fp8", "bf16"):
         for heads in (1, 3, 8, 16, 24, 32, 48, 64, 96, 128, 256):
-            want = f"aiter_serving_{kv}" if heads in served[kv] else "triton_paged"
             for page in (1, 64):
+                own = _route_of(mod, kv, heads, 1, page, mod.SERVING_ROUTE_TABLE)
+                assert own in ("triton_paged", "hopper_paged"), (kv, heads, page, own)
+                want = f"aiter_serving_{kv}" if heads in served[kv] else own
                 assert _route_of(mod, kv, heads, 1, page) == want, (kv, heads, page)
-            for s_q in (2, 4, 8):  # more than one query token: Triton at every head count
-                assert _route_of(mod, kv, heads, s_q) == "triton_paged", (kv, heads, s_q)
+            for s_q in (2, 4, 8):  # more than one query token: never aiter
+                assert _route_of(mod, kv, heads, s_q) == _route_of(mod, kv, heads, s_q, 16, mod.SERVING_ROUTE_TABLE)
 
 
 @pytest.mark.parametrize("generation", [None, "2099-01"])

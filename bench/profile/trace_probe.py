@@ -43,9 +43,9 @@ INSERTIONS = [
      "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
     # _split_tiles (the tile loop, both entry points) records its phases where given a trace slot
     ("    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n"
-     "    PV_F16: gl.constexpr = False,\n):",
+     "    PV_F16: gl.constexpr = False, exchange=None, factors=None,\n):",
      "    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n"
-     "    PV_F16: gl.constexpr = False, trace=None,\n):"),
+     "    PV_F16: gl.constexpr = False, exchange=None, factors=None, trace=None,\n):"),
     ("            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n",
      "            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n"
      "    t_prologue = {S}\n"
