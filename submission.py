@@ -1395,7 +1395,7 @@ def _exchanged_max(scores, exchange):
     """The (tokens x rows) tile's max per row, in the rows' layout of scores: each warp reduces its
     16 tokens in registers and lanes, writes its partial to `exchange` (rows x 4, float32), and
     after one barrier every thread reads the 4 partials of its rows (where gl.max over the warps
-    takes two barriers: NOTES.md h44)."""
+    takes two barriers: NOTES.md h44b, h44c)."""
     ROWS: gl.constexpr = scores.shape[1]
     gl.static_assert(scores.shape[0] == 64, "4 token warps of 16 tokens")
     exchange.store(gl.permute(gl.max(gl.reshape(scores, [4, 16, ROWS]), 1), (1, 0)))
@@ -1408,7 +1408,7 @@ def _exchanged_max(scores, exchange):
 @gluon.jit
 def _through_shared(values, buffer, LAYOUT: gl.constexpr):
     """values in LAYOUT by way of `buffer` (shared, values' shape) and one barrier, where
-    gl.convert_layout from the rows of S^T to those of P.V takes three (NOTES.md h44)."""
+    gl.convert_layout from the rows of S^T to those of P.V takes three (NOTES.md h44b)."""
     buffer.store(values)
     gl.thread_barrier()
     return buffer.load(LAYOUT)
@@ -2061,7 +2061,7 @@ def _hopper_decode(
     the fp8 form's (no P_hi / P_lo columns), so 8 warps hold 64 rows (h43).
     SHARED_MAX (P^T in 16 bits): the row max crosses the warps and the rescale factors reach P.V's
     rows through two small shared buffers, two barriers a tile where layout conversions take five
-    (h44).
+    (h44c).
     A bf16 cache (the API only): q stays bf16, S and P.V are bf16 wgmma, P^T is bf16 and V^T is
     the ring slot read transposed by the MMA (_pv_tile_bf16); 72 KiB tiles, one program per SM.
     More than one split: float32 partials (heads x dims) and lse per split, merged by _merge_row
@@ -2130,7 +2130,8 @@ def _hopper_decode(
                                         gl.NVMMASharedLayout.get_default_for([P_COLS, BLOCK_N], P_DTYPE))
     exchange = None
     factors = None
-    if SHARED_MAX:  # a tile's partial row maxima (rows x 4 token warps) and its rescale factors
+    if SHARED_MAX:  # a tile's partial row maxima (rows x 4 token warps) and its rescale factors;
+        # one buffer each: the factors' barrier orders a tile's reads of `exchange` before the next tile's writes
         gl.static_assert(P_COLS == NUM_HEADS, "P^T in 16 bits: one column a row")
         exchange = gl.allocate_shared_memory(gl.float32, [NUM_HEADS, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         factors = gl.allocate_shared_memory(gl.float32, [NUM_HEADS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -3472,7 +3473,7 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory. Not here:
 # bf16 at 32 rows and 4 warps (spills 128 B), at 64 rows and 8 warps (240 KiB of shared memory).
 # "shared_max" (P^T in 16 bits, two warpgroups): the row max and the rescale factors through
-# shared memory, two barriers a tile for five (fp8 A 1.01x, bf16 A 1.04x; 16 rows even: h44).
+# shared memory, two barriers a tile for five (fp8 A 1.02x, bf16 A 1.05x; 16 rows even: h44c).
 SERVING_ROUTE_TABLE = [
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
      "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,

@@ -8,14 +8,8 @@
   GPU, or kernel tests would measure the interpreter's bugs.
 - ``golden_mxfp4_path``: aiter's golden MXFP4 vectors in tests/data (see tests/data/README.md);
   a missing file FAILS the test rather than skipping it.
-- ``kernel_report``: tools/kernel_report.py's report of submission.py, its compiles started in a
-  background thread as soon as collection selects tests/test_kernel_report.py: its worker
-  processes (about 4 minutes on 2 cores) then overlap the interpreter tests instead of following
-  them, so that `make test` stays within its 15 minutes on a 2-core machine.
 """
-import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -77,35 +71,3 @@ def sub_copy(tmp_path, repo_root, real_file_guard):
     path = tmp_path / "submission.py"
     path.write_bytes((repo_root / "submission.py").read_bytes())
     return path
-
-
-KERNEL_REPORT_TARGETS = ("gfx950", "gfx942", "sm90")
-_kernel_report = {}
-
-
-def _build_kernel_report():
-    try:
-        from tools import kernel_report as kr
-        report = kr.build_report("submission.py", targets=list(KERNEL_REPORT_TARGETS))
-        _kernel_report["report"] = json.loads(json.dumps(report, default=str))  # as its --json writes it
-    except BaseException as exc:  # raised again by the fixture, in the tests that read the report
-        _kernel_report["error"] = exc
-
-
-def pytest_collection_finish(session):
-    if any(item.path.name == "test_kernel_report.py" for item in session.items):
-        _kernel_report["thread"] = threading.Thread(target=_build_kernel_report, name="kernel-report", daemon=True)
-        _kernel_report["thread"].start()
-
-
-@pytest.fixture(scope="session")
-def kernel_report():
-    """tools/kernel_report.py's report (JSON form) of submission.py for KERNEL_REPORT_TARGETS."""
-    thread = _kernel_report.get("thread")
-    if thread is None:
-        _build_kernel_report()
-    else:
-        thread.join()
-    if "error" in _kernel_report:
-        raise _kernel_report["error"]
-    return _kernel_report["report"]
