@@ -1391,6 +1391,16 @@ def _exchange_layout(row_layout):
 
 
 @gluon.jit
+def _through_shared(values, buffer, LAYOUT: gl.constexpr):
+    """values in LAYOUT by way of `buffer` (shared, values' shape) and one barrier: the row max's
+    partials and the rescale factors, where gl.max across warps takes two barriers and the
+    factors' gl.convert_layout from S^T's rows to P.V's three (NOTES.md h44b)."""
+    buffer.store(values)
+    gl.thread_barrier()
+    return buffer.load(LAYOUT)
+
+
+@gluon.jit
 def _exchanged_max(scores, exchange):
     """The (tokens x rows) tile's max per row, in the rows' layout of scores: each warp reduces its
     16 tokens in registers and lanes, writes its partial to `exchange` (rows x 4, float32), and
@@ -1398,20 +1408,10 @@ def _exchanged_max(scores, exchange):
     takes two barriers: NOTES.md h44b, h44c)."""
     ROWS: gl.constexpr = scores.shape[1]
     gl.static_assert(scores.shape[0] == 64, "4 token warps of 16 tokens")
-    exchange.store(gl.permute(gl.max(gl.reshape(scores, [4, 16, ROWS]), 1), (1, 0)))
-    gl.thread_barrier()
     S_ROWS: gl.constexpr = gl.SliceLayout(0, scores.type.layout)
-    return gl.convert_layout(gl.max(exchange.load(_exchange_layout(gl.to_linear_layout(S_ROWS, [ROWS]))), 1),
-                             S_ROWS)
-
-
-@gluon.jit
-def _through_shared(values, buffer, LAYOUT: gl.constexpr):
-    """values in LAYOUT by way of `buffer` (shared, values' shape) and one barrier, where
-    gl.convert_layout from the rows of S^T to those of P.V takes three (NOTES.md h44b)."""
-    buffer.store(values)
-    gl.thread_barrier()
-    return buffer.load(LAYOUT)
+    partials = _through_shared(gl.permute(gl.max(gl.reshape(scores, [4, 16, ROWS]), 1), (1, 0)), exchange,
+                               _exchange_layout(gl.to_linear_layout(S_ROWS, [ROWS])))
+    return gl.convert_layout(gl.max(partials, 1), S_ROWS)
 
 
 @gluon.jit

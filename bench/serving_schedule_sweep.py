@@ -55,8 +55,8 @@ def cases(grids, s_ks):
 
 def parse_rows(text):
     """'table:16,4,2:32,4,2,1' -> [None, (16, 4, 2), (32, 4, 2, 1)] (None: the table's own row; a
-    fourth field: 1 P.V in f16 (the row's pv_f16), 0 fp8 hi and lo; a fifth: 1 each tile's row
-    max exchanged in one barrier (the row's shared_max), 0 not)."""
+    fourth field: 1 P.V in f16 (the row's pv_f16), 0 fp8 hi and lo; a fifth: 1 the row max and
+    rescale factors through shared memory (the row's shared_max), 0 not)."""
     return [None if spec == "table" else tuple(int(v) for v in spec.split(",")) for spec in text.split(":")]
 
 
@@ -66,8 +66,8 @@ def row_label(row_config):
     label = "r{}w{}s{}".format(*row_config)
     if len(row_config) > 3:  # P.V in f16, or fp8 hi and lo
         label += "f" if row_config[3] else "h"
-    if len(row_config) > 4 and row_config[4]:
-        label += f"x{row_config[4]}"
+    if len(row_config) > 4 and row_config[4]:  # shared max
+        label += "x"
     return label
 
 
@@ -83,7 +83,7 @@ def forced_row(shape, row_config, schedule):
         if len(row_config) > 3:
             params.update(pv_f16=bool(row_config[3]))
         if len(row_config) > 4:
-            params.update(shared_max=row_config[4])
+            params.update(shared_max=bool(row_config[4]))
     params.update(waves=schedule[0], min_chunk=schedule[1])
     if len(schedule) > 3:  # 1: the span schedule (one span of the batch's tiles per program), 0: chunks
         params.update(spans=bool(schedule[3]))
