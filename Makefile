@@ -11,7 +11,7 @@
 
 SHELL := /bin/bash
 HAVE_TORCH := $(shell python3 -c "import torch, triton" >/dev/null 2>&1 && echo yes)
-HAVE_TOOLS := $(shell python3 -c "import pytest, matplotlib, tqdm, kernelguard, ruff" >/dev/null 2>&1 && echo yes)
+HAVE_TOOLS := $(shell python3 -c "import pytest, xdist, matplotlib, tqdm, kernelguard, ruff" >/dev/null 2>&1 && echo yes)
 HAVE_GPU := $(shell { test -e /dev/nvidia0 || test -e /dev/kfd || command -v nvidia-smi; } >/dev/null 2>&1 && echo yes)
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 
@@ -33,6 +33,9 @@ SETUP := .venv/.installed
 endif
 
 EVAL_FLAGS ?= --strict
+# make test runs the suite in this many pytest-xdist workers (auto: one per core, at most 8), a
+# test file per worker so that a module's fixtures (the kernel report's compiles) run once
+TEST_WORKERS ?= auto
 TUNE_FLAGS ?=
 TUNE_WRITE := $(if $(filter 1 yes true,$(WRITE)),--write,)
 
@@ -42,7 +45,8 @@ help:
 	@echo "make setup      create .venv and install what is missing (Python >= 3.10 with venv)"
 	@echo "make eval       check (eval.py test) and time (eval.py benchmark) submission.py here;"
 	@echo "                EVAL_FLAGS=... replaces the default --strict"
-	@echo "make test       lint, preflight, then the test suite (GPU-only tests skip without a GPU)"
+	@echo "make test       lint, preflight, then the test suite (GPU-only tests skip without a GPU);"
+	@echo "                TEST_WORKERS=N sets its pytest-xdist workers (default auto, at most 8)"
 	@echo "make preflight  the leaderboard's upload gates and KernelGuard on submission.py"
 	@echo "make lint       ruff over the repository"
 	@echo "make tune       tune.py over specs/benchmarks.txt on this GPU (TUNE_FLAGS=...);"
@@ -81,7 +85,7 @@ tune: setup
 	$(if $(TUNE_WRITE),$(PY) tools/preflight.py submission.py)
 
 test: lint preflight
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile tests
 
 clean-venv:
 	rm -rf .venv

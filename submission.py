@@ -1150,7 +1150,13 @@ def _is_hopper():
 
 
 HOPPER = _is_hopper()
-HOPPER_CHUNK = 128  # latent dims per TMA box, V transpose and P.V product (4 per token)
+HOPPER_CHUNK = 128  # latent dims per V transpose and P.V product (4 per token)
+TMA_BOX_BYTES = 128  # bytes of latent dims per row of a TMA box: the 128-byte swizzle the MMAs read
+
+
+def latent_box_dims(element_bytes):
+    """Latent dims per TMA box row: 128 of an fp8 cache, 64 of a bf16 one (one box per message)."""
+    return TMA_BOX_BYTES // element_bytes
 
 
 # P.V = V^T . P^T needs V^T, and V is stored token-major; fp8 wgmma takes an MN-major operand
@@ -1353,12 +1359,24 @@ def _issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores, NUM_CHU
 @gluon.jit
 def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pred, TILE_BYTES: gl.constexpr,
                NUM_CHUNKS: gl.constexpr, CHUNK: gl.constexpr, LATENT: gl.constexpr):
-    """TMA: tokens [token, token + 64) of the cache (NUM_CHUNKS latent boxes and the rope box) into
-    ring slot `slot`, completing on `barrier` (skipped when not pred)."""
+    """TMA: tokens [token, token + 64) of the cache into ring slot `slot`, completing on `barrier`
+    (skipped when not pred): the latent dims, then the rope box. A 3D lat_desc (box, token, dim:
+    the paged kernel's) is one copy that lands box after box, each the (64 x 128-byte) swizzled
+    tile the MMAs read, so the slot's NUM_CHUNKS chunks seen as (boxes x 64 x box dims) are the
+    same bytes; the compiler puts a CTA barrier before each copy into the ring, so one copy where
+    NUM_CHUNKS were is 3 barriers fewer a tile (NOTES.md h44e). A 2D one (custom_kernel's) is a
+    copy per chunk: there the one copy made the 4-request shapes (a tile or two a program) slower (h44e)."""
     mbarrier.expect(barrier, TILE_BYTES, pred=pred)
-    for c in gl.static_range(NUM_CHUNKS):
-        tma.async_copy_global_to_shared(lat_desc, [token, c * CHUNK], barrier,
-                                        kv_latent.index(slot * NUM_CHUNKS + c), pred=pred)
+    if len(lat_desc.block_type.shape) == 3:
+        BOXES: gl.constexpr = lat_desc.block_type.shape[0]
+        BOX_DIMS: gl.constexpr = lat_desc.block_type.shape[2]
+        ring = kv_latent._reinterpret(kv_latent.dtype, [kv_latent.shape[0] // NUM_CHUNKS, BOXES, kv_latent.shape[1],
+                                                        BOX_DIMS], lat_desc.layout)
+        tma.async_copy_global_to_shared(lat_desc, [0, token, 0], barrier, ring.index(slot), pred=pred)
+    else:
+        for c in gl.static_range(NUM_CHUNKS):
+            tma.async_copy_global_to_shared(lat_desc, [token, c * CHUNK], barrier,
+                                            kv_latent.index(slot * NUM_CHUNKS + c), pred=pred)
     tma.async_copy_global_to_shared(rope_desc, [token, LATENT], barrier, kv_rope.index(slot), pred=pred)
 
 
@@ -2045,7 +2063,7 @@ def _hopper_decode(
     over the requests it meets (_span_segment; the ring's barriers count on across them). The
     figures below are for 16 rows.
     Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
-    fp8 bytes, loaded by TMA (4 boxes of 128 latent dims + 1 of 64 rope dims) into a ring of
+    fp8 bytes, loaded by TMA (4 boxes of 128 latent dims, one 3D copy on pages, + 1 of 64 rope dims) into a ring of
     STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed (on pages, the block
     id of the tile after that is loaded one step ahead, so the TMA issue never waits for it).
     Per tile:  S^T (64 x 16) = sum of 5 fp8 wgmma over the boxes with Q^T (quantised once per
@@ -2117,7 +2135,8 @@ def _hopper_decode(
         kv_end = gl.minimum(kv_end, kv_rows)
         num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
 
-    kv_latent = gl.allocate_shared_memory(KV_DTYPE, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK], lat_desc.layout)
+    kv_latent = gl.allocate_shared_memory(KV_DTYPE, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
+                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], KV_DTYPE))
     kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
     loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for ring_slot in gl.static_range(STAGES):
@@ -2228,12 +2247,21 @@ def _mla_decode_paged_hopper_kernel(
                    SPANS, PV_F16, SHARED_MAX)
 
 
-def hopper_layouts(dtype="fp8e4nv"):
-    """Shared layouts of the two TMA boxes: (64 tokens x 128 latent dims), (64 tokens x 64 rope
-    dims), of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache."""
+def hopper_layouts(dtype="fp8e4nv", latent_3d=False):
+    """Shared layouts of the two TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: the
+    latent one (64 tokens x 128 dims), or with latent_3d (boxes x 64 tokens x 128 bytes of dims,
+    each box 128-byte swizzled); the rope one (64 tokens x 64 rope dims)."""
     element = gl.float8e4nv if dtype == "fp8e4nv" else gl.bfloat16
-    return (gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], element),
-            gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], element))
+    latent = (gl.NVMMASharedLayout(TMA_BOX_BYTES, element.primitive_bitwidth, rank=3) if latent_3d
+              else gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], element))
+    return latent, gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], element)
+
+
+def latent_box_shape(element_bytes, latent_3d=False):
+    """The latent TMA box: (64 tokens, 128 dims), one copy per chunk (custom_kernel's rows); with
+    latent_3d (boxes, 64 tokens, 128 bytes of dims), one copy a tile (the paged kernel, h44e)."""
+    box = latent_box_dims(element_bytes)
+    return [V_HEAD_DIM // box, 64, box] if latent_3d else [64, HOPPER_CHUNK]
 
 
 # (data_ptr, rows, row stride, device) -> the two TMA descriptors of that cache. A descriptor holds
@@ -2249,18 +2277,24 @@ def tma_can_read(kv):
             and (kv.dim() == 3 or kv.stride(0) == kv.shape[1] * kv.stride(1)))
 
 
-def kv_descriptors(kv):
-    """TMA descriptors over the (rows, 576) fp8 cache, rows (rows, 1, 576) or the pages of
-    (blocks, page, 1, 576); cached per cache tensor (the last two)."""
-    key = (kv.data_ptr(), kv.shape[0], kv.shape[1], kv.stride(0), kv.device)
+def kv_descriptors(kv, latent_3d=False):
+    """TMA descriptors over the (rows, 576) cache, rows (rows, 1, 576) or the pages of (blocks,
+    page, 1, 576), the latent one of latent_box_shape(latent_3d); cached per cache tensor (the
+    last two)."""
+    key = (kv.data_ptr(), kv.shape[0], kv.shape[1], kv.stride(0), kv.device, latent_3d)
     descriptors = _KV_DESCRIPTORS.get(key)
     if descriptors is None:
         if len(_KV_DESCRIPTORS) >= 2:
             _KV_DESCRIPTORS.clear()
         rows = (kv.flatten(0, 1) if kv.dim() == 4 else kv)[:, 0, :]
-        latent_layout, rope_layout = hopper_layouts("bf16" if kv.dtype == torch.bfloat16 else "fp8e4nv")
+        latent_layout, rope_layout = hopper_layouts("bf16" if kv.dtype == torch.bfloat16 else "fp8e4nv", latent_3d)
+        block = latent_box_shape(kv.element_size(), latent_3d)
+        if latent_3d:  # the latent dims seen as (box, row, dim): strides (box dims, row stride, 1)
+            shape, strides = [block[0], rows.shape[0], block[2]], [block[2], rows.stride(0), 1]
+        else:
+            shape, strides = list(rows.shape), list(rows.stride())
         descriptors = _KV_DESCRIPTORS[key] = (
-            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, HOPPER_CHUNK], latent_layout),
+            TensorDescriptor(rows, shape, strides, block, latent_layout),
             TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, ROPE_DIM], rope_layout))
     return descriptors
 
@@ -2348,10 +2382,11 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
     } for cooperative in merges]
 
 
-def _hopper_leading_signature(dtype="fp8e4nv"):
+def _hopper_leading_signature(dtype="fp8e4nv", latent_3d=False):
     """The arguments both Hopper kernels open with: q, the cache's two TMA descriptors, the scale."""
-    latent_layout, rope_layout = hopper_layouts(dtype)
-    return {"Q": "*bf16", "lat_desc": f"tensordesc<{dtype}[64, {HOPPER_CHUNK}],{latent_layout!r}>",
+    latent_layout, rope_layout = hopper_layouts(dtype, latent_3d)
+    block = ", ".join(map(str, latent_box_shape(1 if dtype == "fp8e4nv" else 2, latent_3d)))
+    return {"Q": "*bf16", "lat_desc": f"tensordesc<{dtype}[{block}],{latent_layout!r}>",
             "rope_desc": f"tensordesc<{dtype}[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32"}
 
 
@@ -2370,7 +2405,7 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False
 
 def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
     signature = {
-        **_hopper_leading_signature(cache),
+        **_hopper_leading_signature(cache, latent_3d=True),
         "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
         "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
         **{name: "i32" for name in (
@@ -3780,7 +3815,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
         batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),
         block_table.stride(0), out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         lse.stride(2)), k_scale)
-    descriptors = [k_cache.data_ptr(), *kv_descriptors(k_cache)]  # the last cache's, rebuilt when it moves
+    descriptors = [k_cache.data_ptr(), *kv_descriptors(k_cache, True)]  # the last cache's, rebuilt when it moves
     entry = launch(_mla_decode_paged_hopper_kernel, (groups, plan.num_splits + batch),
                    _hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse, workspace),
                    scalars, constexprs, params["num_warps"], 1, floats=DECODE_FLOATS)
@@ -3790,7 +3825,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
 
     def run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
         if k_cache.data_ptr() != descriptors[0]:
-            descriptors[:] = [k_cache.data_ptr(), *kv_descriptors(k_cache)]
+            descriptors[:] = [k_cache.data_ptr(), *kv_descriptors(k_cache, True)]
         run_compiled(*_hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse,
                                             workspace), *_with_k_scale(scalars, k_scale), *constexpr_values)
     return run

@@ -312,13 +312,24 @@ def test_the_route_launches_one_kernel_with_the_fp8_descriptors(monkeypatch):
 
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="this Triton has no Gluon: no TMA descriptors")
-def test_fp8_descriptors_box_the_cache_rows_in_64_tokens():
-    """Latent boxes of 64 tokens x 128 dims, rope boxes of 64 x 64, over the cache's own memory."""
-    kv = reference.generate_input(1, 1, 300, 3, device="cpu")[1]["fp8"][0]
+@pytest.mark.parametrize("kv_dtype,box", [(torch.float8_e4m3fn, 128), (torch.bfloat16, 64)])
+def test_descriptors_box_the_cache_rows_in_64_tokens(kv_dtype, box):
+    """Over the cache's own memory, rope boxes of 64 tokens x 64 dims and latent boxes of 64 tokens
+    x 128 dims (custom_kernel's, a copy per chunk), or for the paged kernel one 3D box of 512 / box
+    boxes x 64 tokens x 128 bytes of dims (128 fp8 or 64 bf16 dims; box b of row r at element
+    r x row stride + b x box), 128-byte swizzled (NOTES.md h44e)."""
+    kv = torch.randn(300, 1, 576).to(kv_dtype)
     submission._KV_DESCRIPTORS.clear()
     latent, rope = submission.kv_descriptors(kv)
-    assert latent.base.dtype == torch.float8_e4m3fn and latent.base.data_ptr() == kv.data_ptr()
+    assert latent.base.dtype == kv_dtype and latent.base.data_ptr() == kv.data_ptr()
+    assert list(latent.shape) == [300, 576] and list(latent.strides) == [576, 1]
     assert list(latent.block_shape) == [64, 128] and list(rope.block_shape) == [64, 64]
+    boxed, rope_again = submission.kv_descriptors(kv, latent_3d=True)
+    assert boxed.base.data_ptr() == kv.data_ptr() and list(rope_again.block_shape) == [64, 64]
+    assert list(boxed.shape) == [512 // box, 300, box] and list(boxed.strides) == [box, 576, 1]
+    assert list(boxed.block_shape) == [512 // box, 64, box]
+    assert boxed.layout.swizzle_byte_width == 128 and boxed.layout.rank == 3
+    assert list(rope.shape) == [300, 576] and list(rope.strides) == [576, 1]
     submission._KV_DESCRIPTORS.clear()
 
 
