@@ -25,7 +25,8 @@ if not torch.cuda.is_available():
 # cost more CPU time than they save.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if WORKERS > 1:
-    THREADS = max(1, (os.cpu_count() or 1) // WORKERS)
+    CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    THREADS = max(1, CORES // WORKERS)
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
     torch.set_num_threads(THREADS)
 
