@@ -59,6 +59,18 @@ def grid_cases(grids, skip_32k):
     return cases
 
 
+def within(cases, seconds, clock=time.monotonic):
+    """The cases, until `seconds` have passed since the first was started (None: all of them); then
+    a note of how many were left, so that a run under a time limit still ends with its summary."""
+    start = clock()
+    for done, case in enumerate(cases):
+        if seconds is not None and clock() - start > seconds:
+            print(f"NOTE: --max-seconds {seconds:g} reached: {len(cases) - done} of {len(cases)} cases not run",
+                  flush=True)
+            return
+        yield case
+
+
 def fp8_copy(cache):
     """The bf16 cache as fp8 with a per-tensor scale (amax over finite slots / 448), a chunk at a time."""
     flat = cache.view(-1, cache.shape[-1])
@@ -223,6 +235,8 @@ def main():
     parser.add_argument("--no-check", action="store_true", help="no float64 reference (times only)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--baseline", default=None, help="another submission.py, timed as the providers base *")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="start no case after this many seconds; the summary covers the cases run")
     args = parser.parse_args()
     if args.baseline:
         spec = importlib.util.spec_from_file_location("baseline_submission", args.baseline)
@@ -233,7 +247,8 @@ def main():
         print("NOTE:", note, flush=True)
     flush = utils.L2Flusher("default")
     rows = []
-    for grid, batch, s_q, h_q, s_k, varlen, causal in grid_cases(args.grids.split(","), args.skip_32k):
+    for grid, batch, s_q, h_q, s_k, varlen, causal in within(grid_cases(args.grids.split(","), args.skip_32k),
+                                                             args.max_seconds):
         case = reference.generate_serving_input(batch, s_q, h_q, args.page, s_k, 1, varlen=varlen, causal=causal,
                                                 kv="bf16", device="cuda")
         exact_out = exact_lse = None

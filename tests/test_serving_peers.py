@@ -1,7 +1,7 @@
 """bench/serving_peers.py's profiler time per call: the flushes split the profile, nothing guessed."""
 import pytest
 
-from bench.serving_peers import split_calls
+from bench.serving_peers import split_calls, within
 
 FLUSH = ["fill"]
 
@@ -37,3 +37,10 @@ def test_a_profile_that_does_not_split_into_the_calls_is_an_error(kernels):
 def test_a_flush_that_launched_nothing_is_an_error():
     with pytest.raises(RuntimeError):
         split_calls([("decode", 0, 10)], 1, [])
+
+
+def test_within_stops_starting_cases_after_the_budget_and_says_how_many_were_left(capsys):
+    ticks = iter([0.0, 1.0, 5.0, 11.0])  # the start, then one reading before each case
+    assert list(within(["a", "b", "c", "d"], 10, clock=lambda: next(ticks))) == ["a", "b"]
+    assert "2 of 4 cases not run" in capsys.readouterr().out
+    assert list(within(["a", "b"], None, clock=lambda: 1e9)) == ["a", "b"]
