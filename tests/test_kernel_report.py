@@ -15,7 +15,8 @@ The bar (a failure names the config and its numbers: choose another config in th
 - mxfp4 route: a config with qk_dot_scaled "e4m3" compiles to tt.dot_scaled and has v_mfma_scale in
   its gfx950 hot loop; one with "none" uses neither.
 - No unguarded inline assembly (inline_asm_elementwise outside a per-target `if`).
-- sm90: the Hopper kernel's first TMA issue precedes q's amax in the SASS (NOTES h33).
+- sm90: the Hopper kernel's first TMA issue precedes q's amax in the SASS (NOTES h33); the paged
+  Hopper kernel's tile loop issues two TMA copies a tile (latent dims, rope dims: NOTES h44e).
 """
 import json
 import sys
@@ -176,6 +177,17 @@ def test_hopper_first_tile_loads_are_issued_before_q_is_quantised(report):
         assert first["UTMALDG"] < first["FMNMX"], (f"{kr.describe_record(r)}: first UTMALDG at "
                                                    f"{first['UTMALDG']:#x}, after q's first FMNMX at "
                                                    f"{first['FMNMX']:#x}")
+
+
+def test_the_paged_hopper_kernel_loads_a_tile_in_two_tma_copies(report):
+    """The serving API's Hopper kernel issues one 3D copy for a tile's 512 latent dims and one for
+    its rope dims (each copy into the ring costs a CTA barrier: NOTES.md h44e); custom_kernel's
+    keeps a copy per 128-dim chunk, 5 a tile."""
+    for kernel, copies in (("_mla_decode_paged_hopper_kernel", 2), ("_mla_decode_fp8_hopper_kernel", 5)):
+        records = [r for r in compiled(report, "sm90") if r["kernel"] == kernel]
+        assert records, kernel
+        for r in records:
+            assert r["loads"]["loop"].get("cp.async.bulk.tensor") == copies, kr.describe_record(r)
 
 
 def test_mxfp4_route_uses_scaled_mfma_on_gfx950_where_it_asks_for_it(report):
