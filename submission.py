@@ -1151,12 +1151,7 @@ def _is_hopper():
 
 HOPPER = _is_hopper()
 HOPPER_CHUNK = 128  # latent dims per V transpose and P.V product (4 per token)
-TMA_BOX_BYTES = 128  # bytes of latent dims per row of a TMA box: the 128-byte swizzle the MMAs read
-
-
-def latent_box_dims(element_bytes):
-    """Latent dims per TMA box row: 128 of an fp8 cache, 64 of a bf16 one (one box per message)."""
-    return TMA_BOX_BYTES // element_bytes
+TMA_BOX_BYTES = 128  # bytes of latent dims per row of a 3D TMA box: the 128-byte swizzle the MMAs read
 
 
 # P.V = V^T . P^T needs V^T, and V is stored token-major; fp8 wgmma takes an MN-major operand
@@ -1365,7 +1360,8 @@ def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pr
     tile the MMAs read, so the slot's NUM_CHUNKS chunks seen as (boxes x 64 x box dims) are the
     same bytes; the compiler puts a CTA barrier before each copy into the ring, so one copy where
     NUM_CHUNKS were is 3 barriers fewer a tile (NOTES.md h44e). A 2D one (custom_kernel's) is a
-    copy per chunk: there the one copy made the 4-request shapes (a tile or two a program) slower (h44e)."""
+    copy per chunk: there the one copy made the 4-request shapes (a tile or two a program)
+    slower (h44e)."""
     mbarrier.expect(barrier, TILE_BYTES, pred=pred)
     if len(lat_desc.block_type.shape) == 3:
         BOXES: gl.constexpr = lat_desc.block_type.shape[0]
@@ -2063,9 +2059,10 @@ def _hopper_decode(
     over the requests it meets (_span_segment; the ring's barriers count on across them). The
     figures below are for 16 rows.
     Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
-    fp8 bytes, loaded by TMA (4 boxes of 128 latent dims, one 3D copy on pages, + 1 of 64 rope dims) into a ring of
-    STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed (on pages, the block
-    id of the tile after that is loaded one step ahead, so the TMA issue never waits for it).
+    fp8 bytes, loaded by TMA (4 boxes of 128 latent dims, one 3D copy on pages, + 1 of 64 rope
+    dims) into a ring of STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed
+    (on pages, the block id of the tile after that is loaded one step ahead, so the TMA issue
+    never waits for it).
     Per tile:  S^T (64 x 16) = sum of 5 fp8 wgmma over the boxes with Q^T (quantised once per
     program, per-program amax scale, kept in shared memory);  online softmax in float32, base 2;
     P^T in fp8 (_store_probs);  for each 128-dim chunk of V: read from the ring slot straight into
@@ -2247,21 +2244,20 @@ def _mla_decode_paged_hopper_kernel(
                    SPANS, PV_F16, SHARED_MAX)
 
 
-def hopper_layouts(dtype="fp8e4nv", latent_3d=False):
-    """Shared layouts of the two TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: the
-    latent one (64 tokens x 128 dims), or with latent_3d (boxes x 64 tokens x 128 bytes of dims,
-    each box 128-byte swizzled); the rope one (64 tokens x 64 rope dims)."""
+def hopper_boxes(dtype="fp8e4nv", latent_3d=False):
+    """The TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: (latent box, its shared
+    layout, the rope box's layout). The latent box is (64 tokens, 128 dims), one copy per chunk
+    (custom_kernel's rows), or with latent_3d (boxes, 64 tokens, 128 bytes of dims: 128 fp8 or 64
+    bf16), one copy a tile, each box 128-byte swizzled (the paged kernel, NOTES.md h44e). The rope
+    box is (64 tokens, 64 rope dims)."""
     element = gl.float8e4nv if dtype == "fp8e4nv" else gl.bfloat16
-    latent = (gl.NVMMASharedLayout(TMA_BOX_BYTES, element.primitive_bitwidth, rank=3) if latent_3d
-              else gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], element))
-    return latent, gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], element)
-
-
-def latent_box_shape(element_bytes, latent_3d=False):
-    """The latent TMA box: (64 tokens, 128 dims), one copy per chunk (custom_kernel's rows); with
-    latent_3d (boxes, 64 tokens, 128 bytes of dims), one copy a tile (the paged kernel, h44e)."""
-    box = latent_box_dims(element_bytes)
-    return [V_HEAD_DIM // box, 64, box] if latent_3d else [64, HOPPER_CHUNK]
+    if latent_3d:
+        dims = TMA_BOX_BYTES * 8 // element.primitive_bitwidth
+        latent = ([V_HEAD_DIM // dims, 64, dims],
+                  gl.NVMMASharedLayout(TMA_BOX_BYTES, element.primitive_bitwidth, rank=3))
+    else:
+        latent = ([64, HOPPER_CHUNK], gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], element))
+    return *latent, gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], element)
 
 
 # (data_ptr, rows, row stride, device) -> the two TMA descriptors of that cache. A descriptor holds
@@ -2279,16 +2275,16 @@ def tma_can_read(kv):
 
 def kv_descriptors(kv, latent_3d=False):
     """TMA descriptors over the (rows, 576) cache, rows (rows, 1, 576) or the pages of (blocks,
-    page, 1, 576), the latent one of latent_box_shape(latent_3d); cached per cache tensor (the
-    last two)."""
+    page, 1, 576), the latent one of hopper_boxes(latent_3d); cached per cache tensor (the last
+    two)."""
     key = (kv.data_ptr(), kv.shape[0], kv.shape[1], kv.stride(0), kv.device, latent_3d)
     descriptors = _KV_DESCRIPTORS.get(key)
     if descriptors is None:
         if len(_KV_DESCRIPTORS) >= 2:
             _KV_DESCRIPTORS.clear()
         rows = (kv.flatten(0, 1) if kv.dim() == 4 else kv)[:, 0, :]
-        latent_layout, rope_layout = hopper_layouts("bf16" if kv.dtype == torch.bfloat16 else "fp8e4nv", latent_3d)
-        block = latent_box_shape(kv.element_size(), latent_3d)
+        block, latent_layout, rope_layout = hopper_boxes("bf16" if kv.dtype == torch.bfloat16 else "fp8e4nv",
+                                                         latent_3d)
         if latent_3d:  # the latent dims seen as (box, row, dim): strides (box dims, row stride, 1)
             shape, strides = [block[0], rows.shape[0], block[2]], [block[2], rows.stride(0), 1]
         else:
@@ -2384,9 +2380,8 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
 
 def _hopper_leading_signature(dtype="fp8e4nv", latent_3d=False):
     """The arguments both Hopper kernels open with: q, the cache's two TMA descriptors, the scale."""
-    latent_layout, rope_layout = hopper_layouts(dtype, latent_3d)
-    block = ", ".join(map(str, latent_box_shape(1 if dtype == "fp8e4nv" else 2, latent_3d)))
-    return {"Q": "*bf16", "lat_desc": f"tensordesc<{dtype}[{block}],{latent_layout!r}>",
+    block, latent_layout, rope_layout = hopper_boxes(dtype, latent_3d)
+    return {"Q": "*bf16", "lat_desc": f"tensordesc<{dtype}[{', '.join(map(str, block))}],{latent_layout!r}>",
             "rope_desc": f"tensordesc<{dtype}[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32"}
 
 
