@@ -1119,6 +1119,7 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -1374,6 +1375,59 @@ def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pr
             tma.async_copy_global_to_shared(lat_desc, [token, c * CHUNK], barrier,
                                             kv_latent.index(slot * NUM_CHUNKS + c), pred=pred)
     tma.async_copy_global_to_shared(rope_desc, [token, LATENT], barrier, kv_rope.index(slot), pred=pred)
+
+
+@_constexpr_function
+def _gather_layout(element_bytes, cols, warps):
+    """Registers of a (64 tokens x cols) gather: 16 bytes of a row per thread (one cp.async), the
+    lanes of a warp along the row, then along the tokens."""
+    lanes = cols * element_bytes // 16
+    return gl.BlockedLayout([1, 16 // element_bytes], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
+@gluon.jit
+def _gather_rows(BT_ROW, kv_begin, kv_end, t, num_tiles, num_blocks, PAGE_SIZE: gl.constexpr,
+                 BLOCK_N: gl.constexpr, LAYOUT: gl.constexpr):
+    """Per token of the split's tile t, in LAYOUT's rows: (its row of the cache's blocks x page
+    rows, whether it is read, whether its block id is outside [0, num_blocks)). Tokens past the
+    split, and past its last tile, are not read; nor is their block-table entry (past a request's
+    used blocks it may hold anything)."""
+    tokens = kv_begin + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
+    used = (tokens < kv_end) & (t < num_tiles)
+    block = gl.load(BT_ROW + tokens // PAGE_SIZE, mask=used, other=0)
+    bad = used & ((block < 0) | (block >= num_blocks))
+    return block * PAGE_SIZE + tokens % PAGE_SIZE, used & ~bad, bad.to(gl.int32)
+
+
+@gluon.jit
+def _gather_next(BT_ROW, kv_begin, kv_end, t, num_tiles, num_blocks, bad_rows, PAGE_SIZE: gl.constexpr,
+                 BLOCK_N: gl.constexpr, LAT_LAYOUT: gl.constexpr, ROPE_LAYOUT: gl.constexpr):
+    """_gather_rows of tile t for both of _gather_tile's layouts: (latent rows, read, rope rows,
+    read, bad_rows with tile t's bad block ids added)."""
+    lat_rows, lat_read, bad = _gather_rows(BT_ROW, kv_begin, kv_end, t, num_tiles, num_blocks, PAGE_SIZE, BLOCK_N,
+                                           LAT_LAYOUT)
+    rope_rows, rope_read, _ = _gather_rows(BT_ROW, kv_begin, kv_end, t, num_tiles, num_blocks, PAGE_SIZE, BLOCK_N,
+                                           ROPE_LAYOUT)
+    return lat_rows, lat_read, rope_rows, rope_read, bad_rows | bad
+
+
+@gluon.jit
+def _gather_tile(KV, stride_kv_row, lat_rows, lat_read, rope_rows, rope_read, kv_latent, kv_rope, slot,
+                 NUM_CHUNKS: gl.constexpr, CHUNK: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr,
+                 LAT_LAYOUT: gl.constexpr, ROPE_LAYOUT: gl.constexpr):
+    """cp.async of a tile's 64 cache rows (from _gather_rows) into ring slot `slot`, 16 bytes
+    a thread and copy, into the same swizzled boxes TMA fills; a row not read lands as zeros (a
+    page's tail may hold NaN, and 0 x NaN is NaN in P.V)."""
+    lat_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, LAT_LAYOUT))
+    lat = KV + gl.expand_dims(lat_rows.to(gl.int64) * stride_kv_row, 1) + gl.expand_dims(lat_cols, 0)
+    for c in gl.static_range(NUM_CHUNKS):
+        async_copy.async_copy_global_to_shared(kv_latent.index(slot * NUM_CHUNKS + c), lat + c * CHUNK,
+                                               gl.expand_dims(lat_read, 1))
+    rope_cols = gl.arange(0, ROPE, layout=gl.SliceLayout(0, ROPE_LAYOUT))
+    async_copy.async_copy_global_to_shared(kv_rope.index(slot),
+                                           KV + gl.expand_dims(rope_rows.to(gl.int64) * stride_kv_row, 1) + LATENT
+                                           + gl.expand_dims(rope_cols, 0),
+                                           gl.expand_dims(rope_read, 1))
 
 
 @gluon.jit
@@ -1895,7 +1949,8 @@ def _split_tiles(
     q_len, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
     CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr,
     BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
-    PV_F16: gl.constexpr = False, exchange=None, factors=None,
+    PV_F16: gl.constexpr = False, exchange=None, factors=None, GATHER: gl.constexpr = False, KV=None,
+    stride_kv_row=0,
 ):
     """One split's tiles in _hopper_decode: tokens [kv_begin, kv_end) of one request (custom_kernel:
     of one row) for the program's query rows, q in registers; the ring's tiles numbered on from
@@ -1904,11 +1959,20 @@ def _split_tiles(
     block id was outside the cache). The caller writes the epilogue. With `exchange` and `factors`
     (shared scratch; P^T in 16 bits, a column a row): each tile's row max crosses the warps
     through `exchange` (_exchanged_max) and the rescale factors reach P.V's layout through
-    `factors` (_through_shared), two barriers where the layouts' conversions take five."""
+    `factors` (_through_shared), two barriers where the layouts' conversions take five.
+    GATHER (pages shorter than a tile): each tile's 64 rows are gathered from the cache at KV by
+    cp.async, a row per token (_gather_rows, _gather_tile), one commit group a tile, where TMA
+    reads a tile of one page (NOTES.md h48)."""
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) * (1 if KV_FP8 else 2)
     SERVING: gl.constexpr = PAGE_SIZE > 0
     bad_blocks = 0
+    if GATHER:  # each tile's rows a step ahead of its copies, which then never wait for the block table
+        LAT_LAYOUT: gl.constexpr = _gather_layout(1 if KV_FP8 else 2, CHUNK, WARPS)
+        ROPE_LAYOUT: gl.constexpr = _gather_layout(1 if KV_FP8 else 2, ROPE, WARPS)
+        bad_rows = gl.zeros([BLOCK_N], gl.int32, layout=gl.SliceLayout(1, LAT_LAYOUT))  # a used block id bad
+        lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_next(
+            bt_row, kv_begin, kv_end, 0, num_tiles, num_blocks, bad_rows, PAGE_SIZE, BLOCK_N, LAT_LAYOUT, ROPE_LAYOUT)
 
     # The first STAGES - 1 tile loads fly while q is quantised. An empty split (a row shorter than
     # the split grid) needs no q; the branch also keeps the quantisation after the issue, ahead of
@@ -1916,15 +1980,24 @@ def _split_tiles(
     # path's barrier orders the ring barriers' init before their invalidation; without it Triton
     # puts that barrier at the tile loop's exit, on every path (h35).
     for t in gl.static_range(STAGES - 1):
-        if SERVING:
-            block = _tile_block(bt_row, kv_begin, t, num_tiles, BLOCK_N, PAGE_SIZE)
-            row, bad = _paged_row(block, kv_begin + t * BLOCK_N, t < num_tiles, num_blocks, kv_rows, PAGE_SIZE)
-            bad_blocks |= bad
+        if GATHER:
+            if t < num_tiles:  # no copy into a slot past the split: it would race the next segment's
+                _gather_tile(KV, stride_kv_row, lat_rows, lat_read, rope_rows, rope_read, kv_latent, kv_rope,
+                             (consumed + t) % STAGES, NUM_CHUNKS, CHUNK, LATENT, ROPE, LAT_LAYOUT, ROPE_LAYOUT)
+            async_copy.commit_group()
+            lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_next(
+                bt_row, kv_begin, kv_end, t + 1, num_tiles, num_blocks, bad_rows, PAGE_SIZE, BLOCK_N, LAT_LAYOUT,
+                ROPE_LAYOUT)
         else:
-            row = kv_begin + t * BLOCK_N
-        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index((consumed + t) % STAGES),
-                   (consumed + t) % STAGES, row, t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
-    if SERVING:
+            if SERVING:
+                block = _tile_block(bt_row, kv_begin, t, num_tiles, BLOCK_N, PAGE_SIZE)
+                row, bad = _paged_row(block, kv_begin + t * BLOCK_N, t < num_tiles, num_blocks, kv_rows, PAGE_SIZE)
+                bad_blocks |= bad
+            else:
+                row = kv_begin + t * BLOCK_N
+            _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index((consumed + t) % STAGES),
+                       (consumed + t) % STAGES, row, t < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+    if SERVING and not GATHER:
         next_block = _tile_block(bt_row, kv_begin, STAGES - 1, num_tiles, BLOCK_N, PAGE_SIZE)
     score_scale = 0.0
     if num_tiles > 0:
@@ -1950,19 +2023,32 @@ def _split_tiles(
         _, row_token, _ = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(0, S_MMA))
         row_limits = gl.expand_dims(gl.minimum(kv_end, seq_len - q_len + 1 + row_token), 0)
     for i in range(num_tiles):
-        gl.thread_barrier()  # every warp is done with the slot the next load overwrites
         ahead = i + STAGES - 1
-        if SERVING:
-            row, bad = _paged_row(next_block, kv_begin + ahead * BLOCK_N, ahead < num_tiles, num_blocks, kv_rows,
-                                  PAGE_SIZE)
-            bad_blocks |= bad
-            next_block = _tile_block(bt_row, kv_begin, ahead + 1, num_tiles, BLOCK_N, PAGE_SIZE)
+        if GATHER:
+            async_copy.wait_group(STAGES - 2)  # this thread's copies of tile i have landed
+            fence_async_shared()  # ... and are visible to the MMAs, which read through the async proxy
+            gl.thread_barrier()  # every thread's have; every warp is done with the slot the next copies fill
+            if ahead < num_tiles:
+                _gather_tile(KV, stride_kv_row, lat_rows, lat_read, rope_rows, rope_read, kv_latent, kv_rope,
+                             (consumed + ahead) % STAGES, NUM_CHUNKS, CHUNK, LATENT, ROPE, LAT_LAYOUT, ROPE_LAYOUT)
+            async_copy.commit_group()
+            lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_next(
+                bt_row, kv_begin, kv_end, ahead + 1, num_tiles, num_blocks, bad_rows, PAGE_SIZE, BLOCK_N, LAT_LAYOUT,
+                ROPE_LAYOUT)
+            slot = (consumed + i) % STAGES
         else:
-            row = kv_begin + ahead * BLOCK_N
-        _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index((consumed + ahead) % STAGES),
-                   (consumed + ahead) % STAGES, row, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
-        slot = (consumed + i) % STAGES
-        mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)
+            gl.thread_barrier()  # every warp is done with the slot the next load overwrites
+            if SERVING:
+                row, bad = _paged_row(next_block, kv_begin + ahead * BLOCK_N, ahead < num_tiles, num_blocks, kv_rows,
+                                      PAGE_SIZE)
+                bad_blocks |= bad
+                next_block = _tile_block(bt_row, kv_begin, ahead + 1, num_tiles, BLOCK_N, PAGE_SIZE)
+            else:
+                row = kv_begin + ahead * BLOCK_N
+            _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index((consumed + ahead) % STAGES),
+                       (consumed + ahead) % STAGES, row, ahead < num_tiles, TILE_BYTES, NUM_CHUNKS, CHUNK, LATENT)
+            slot = (consumed + i) % STAGES
+            mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)
         scores = warpgroup_mma_wait(0, deps=(_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores,
                                                            NUM_CHUNKS),))
         positions = kv_begin + i * BLOCK_N + tokens
@@ -1970,7 +2056,7 @@ def _split_tiles(
             valid = gl.expand_dims(positions, 1) < row_limits
         else:
             valid = gl.expand_dims(positions < kv_end, 1)
-        if SERVING:
+        if SERVING and not GATHER:  # gathered rows past the split landed as zeros
             if kv_begin + (i + 1) * BLOCK_N > kv_end:
                 _zero_tail(kv_latent, slot * NUM_CHUNKS, kv_end - kv_begin - i * BLOCK_N, NUM_CHUNKS, BLOCK_N, CHUNK,
                            WARPS)
@@ -1991,6 +2077,8 @@ def _split_tiles(
             acc0, acc1, acc2, acc3 = _pv_tile_bf16(kv_latent, slot * NUM_CHUNKS, pt_smem, acc0, acc1, acc2, acc3,
                                                    correction)
 
+    if GATHER:
+        bad_blocks = gl.max(bad_rows, axis=0)
     return acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks
 
 
@@ -2004,7 +2092,7 @@ def _serve_segment(
     PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
     LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
     ROWS: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, PV_F16: gl.constexpr,
-    exchange, factors,
+    exchange, factors, GATHER: gl.constexpr, KV, stride_kv_row,
 ):
     """One split of a request on the serving API's pages (split `split` of num_splits, tokens
     [kv_begin, kv_end), partial slots from first_work): q's rows, the tiles (_split_tiles, the
@@ -2019,7 +2107,7 @@ def _serve_segment(
         lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
         kv_begin, kv_end, num_tiles, consumed, BLOCK_TABLE + request.to(gl.int64) * stride_bt, sm_scale_log2, kv_rows,
         num_blocks, seq_len, group, num_heads, q_len, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT,
-        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, PV_F16, exchange, factors)
+        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, PV_F16, exchange, factors, GATHER, KV, stride_kv_row)
     if live:
         _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
                        poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
@@ -2041,7 +2129,7 @@ def _hopper_decode(
     KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
     NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
     KV_FP8: gl.constexpr = True, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
-    SHARED_MAX: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False, GATHER: gl.constexpr = False, KV=None, stride_kv_row=0,
     TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
 ):
     """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; the split
@@ -2094,7 +2182,7 @@ def _hopper_decode(
     gl.static_assert(KV_FP8 or not PV_F16, "PV_F16 is P.V over an fp8 cache")
     SERVING: gl.constexpr = PAGE_SIZE > 0
     gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
-    gl.static_assert(PAGE_SIZE == 0 or PAGE_SIZE % BLOCK_N == 0, "a tile is read from one page")
+    gl.static_assert(PAGE_SIZE == 0 or PAGE_SIZE % BLOCK_N == 0 or GATHER, "TMA reads a tile from one page")
     ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
                                                      instr_shape=[16, NUM_HEADS // (WARPS // 4), MMA_K])
@@ -2134,7 +2222,11 @@ def _hopper_decode(
 
     kv_latent = gl.allocate_shared_memory(KV_DTYPE, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], KV_DTYPE))
-    kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
+    if GATHER:  # the layout the rope descriptor has where TMA reads the cache (hopper_boxes)
+        kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE],
+                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], KV_DTYPE))
+    else:
+        kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
     loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for ring_slot in gl.static_range(STAGES):
         mbarrier.init(loaded.index(ring_slot), count=1)
@@ -2171,7 +2263,7 @@ def _hopper_decode(
                     stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
                     stride_lse_head, stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS,
                     NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange,
-                    factors)
+                    factors, GATHER, KV, stride_kv_row)
                 request += 1
                 tile_begin = tile_end
         else:
@@ -2185,7 +2277,7 @@ def _hopper_decode(
                 target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token, stride_q_head,
                 stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
                 stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS, NUM_HEADS, LATENT, ROPE,
-                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange, factors)
+                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange, factors, GATHER, KV, stride_kv_row)
         for ring_slot in gl.static_range(STAGES):
             mbarrier.invalidate(loaded.index(ring_slot))
     else:
@@ -2243,6 +2335,31 @@ def _mla_decode_paged_hopper_kernel(
                    KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
                    SPANS, PV_F16, SHARED_MAX)
 
+
+
+@gluon.jit
+def _mla_decode_gathered_hopper_kernel(
+    Q, KV, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
+    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
+    stride_lse_batch, stride_lse_head, stride_lse_token, stride_kv_row,
+    FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+    CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
+    MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
+    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
+):
+    """_mla_decode_paged_hopper_kernel for pages shorter than a tile (PAGE_SIZE 1 ... 32): the cache
+    KV (blocks, PAGE_SIZE, 1, 576) read a row per token by cp.async (GATHER in _split_tiles), any
+    strides of 16-byte multiples."""
+    gl.static_assert(PAGE_SIZE < BLOCK_N, "pages of whole tiles take the TMA kernel")
+    _hopper_decode(Q, None, None, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
+                   PARTIAL_LSE, SPLIT_TICKETS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
+                   stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
+                   stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
+                   stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
+                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
+                   SPANS, PV_F16, SHARED_MAX, True, KV, stride_kv_row)
 
 def hopper_boxes(dtype="fp8e4nv", latent_3d=False):
     """The TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: (latent box, its shared
@@ -2398,29 +2515,48 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False
     return [entry for cache in caches for entry in _hopper_paged_plan(params, cache, page_sizes, causal, batch)]
 
 
-def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
-    signature = {
-        **_hopper_leading_signature(cache, latent_3d=True),
+def _hopper_paged_signature(cache, page):
+    """The paged kernel's signature (pages of whole tiles: TMA descriptors), or the gathered one's."""
+    if page < 64:
+        leading = {"Q": "*bf16", "KV": f"*{cache}", "KV_SCALE": "*fp32"}
+        gathered = ("stride_kv_row",)
+    else:
+        leading, gathered = _hopper_leading_signature(cache, latent_3d=True), ()
+    return {
+        **leading,
         "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
         "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
         **{name: "i32" for name in (
             "kv_rows", "num_blocks", "capacity", "batch_size", "target_splits", "min_chunk", "num_heads", "q_len",
             "stride_q_batch", "stride_q_token", "stride_q_head", "stride_bt", "stride_o_batch", "stride_o_token",
-            "stride_o_head", "stride_lse_batch", "stride_lse_head", "stride_lse_token")},
+            "stride_o_head", "stride_lse_batch", "stride_lse_head", "stride_lse_token") + gathered},
     }
-    return [{
-        "kernel": _mla_decode_paged_hopper_kernel, "targets": ["sm90"], "signature": signature,
-        "constexprs": {**keyword_defaults(_mla_decode_paged_hopper_kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
-                       "PAGE_SIZE": page, "STAGES": params["num_stages"], "WARPS": params["num_warps"],
-                       "NUM_HEADS": params.get("rows", SERVING_ROWS),
-                       "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
-                       "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
-                       "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False),
-                       "PV_F16": params.get("pv_f16", False),
-                       "SHARED_MAX": params.get("shared_max", False)},
-        "aligned_args": [name for name, kind in signature.items() if kind[0] == "*"],
-        "num_warps": params["num_warps"], "num_stages": 1,
-    } for page in page_sizes for c in causal]
+
+
+def hopper_paged_kernel(page_size):
+    """The Hopper kernel of a serving page size: TMA over pages of whole tiles, cp.async below."""
+    return _mla_decode_paged_hopper_kernel if page_size >= 64 else _mla_decode_gathered_hopper_kernel
+
+
+def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
+    plan = []
+    for page in page_sizes:
+        kernel, signature = hopper_paged_kernel(page), _hopper_paged_signature(cache, page)
+        plan += [{
+            "kernel": kernel, "targets": ["sm90"], "signature": signature,
+            "constexprs": {**keyword_defaults(kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
+                           "PAGE_SIZE": page, "STAGES": params["num_stages"], "WARPS": params["num_warps"],
+                           "NUM_HEADS": params.get("rows", SERVING_ROWS),
+                           "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
+                           "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
+                           "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False),
+                           "PV_F16": params.get("pv_f16", False),
+                           "SHARED_MAX": params.get("shared_max", False)},
+            "aligned_args": [name for name, kind in signature.items()
+                             if kind[0] == "*" or name == "stride_kv_row"],  # Triton marks 16-multiples
+            "num_warps": params["num_warps"], "num_stages": 1,
+        } for c in causal]
+    return plan
 
 # =============================================================================================
 # aiter routes (MI355X)
@@ -3484,7 +3620,8 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # Which route serves a plan, as data: the first row whose "kv" is the cache's format, whose
 # "pages" (if any) hold the page size, whose "max_batch" (if any) holds the batch, whose
 # "min_rows" (if any) the plan's query rows (s_q x h_q) reach, and whose route this machine has.
-# hopper_paged: the Hopper kernel on pages of whole 64-token tiles, the work balanced by tokens
+# hopper_paged: the Hopper kernel, a 64-token tile by TMA from one page (pages of 64 and 128) or
+# gathered a row per token by cp.async (shorter pages; NOTES.md h48), the work balanced by tokens
 # over the batch ("waves": programs per SM slot it aims for, "min_chunk": the shortest split):
 # chunks of one request each (_serving_work), or with "spans" where the batch can outgrow one
 # wave of chunks (takes_span_kernel), per call whichever _span_start's cost model finds shorter:
@@ -3505,15 +3642,15 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # "shared_max" (P^T in 16 bits, two warpgroups): the row max and the rescale factors through
 # shared memory, two barriers a tile for five (fp8 A 1.02x, bf16 A 1.05x; 16 rows even: h44c).
 SERVING_ROUTE_TABLE = [
-    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
      "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
                 "pv_f16": True, "shared_max": True}},
-    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
-    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
+    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
      "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
                 "shared_max": True}},
-    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "route": "hopper_paged",
+    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
@@ -3783,7 +3920,7 @@ def takes_span_kernel(params, batch, programs):
 
 
 def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, out, lse, workspace):
-    """The tensor arguments of _mla_decode_paged_hopper_kernel, in its order (the workspace's
+    """The tensor arguments of the Hopper paged kernels (hopper_paged_kernel), in their order (the workspace's
     tickets stand in for KV_SCALE where k_scale is a float or absent)."""
     partial_o, partial_lse, tickets = workspace
     return (q, *descriptors, k_scale if isinstance(k_scale, torch.Tensor) else tickets, cache_seqlens, block_table,
@@ -3791,13 +3928,17 @@ def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, o
 
 
 def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
-    """_mla_decode_paged_hopper_kernel over the pages (TMA descriptors of the cache as blocks x page
-    rows): launch it for this call; return how the calls of this signature launch it, or None."""
+    """The Hopper kernel over the pages: _mla_decode_paged_hopper_kernel (TMA descriptors of the
+    cache as blocks x page rows) for pages of whole tiles, _mla_decode_gathered_hopper_kernel (the
+    cache itself and its row stride) below: launch it for this call; return how the calls of this
+    signature launch it, or None."""
     batch, s_q, h_q, page_size, kv_format, causal = plan.shape
     params = plan.route["params"]
     rows = route_rows(plan.route)
     groups = triton.cdiv(s_q * h_q, rows)
     workspace = plan.workspace
+    kernel = hopper_paged_kernel(page_size)
+    gather = kernel is _mla_decode_gathered_hopper_kernel
     constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, "STAGES": params["num_stages"],
                   "WARPS": params["num_warps"], "NUM_HEADS": rows, "CAUSAL": causal and s_q > 1,
                   "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
@@ -3809,9 +3950,12 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
         batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),
         block_table.stride(0), out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        lse.stride(2)), k_scale)
-    descriptors = [k_cache.data_ptr(), *kv_descriptors(k_cache, True)]  # the last cache's, rebuilt when it moves
-    entry = launch(_mla_decode_paged_hopper_kernel, (groups, plan.num_splits + batch),
+        lse.stride(2), *((k_cache.stride(1),) if gather else ())), k_scale)
+
+    def cache_args(k_cache):  # the gathered kernel reads the cache; the TMA one its two descriptors
+        return (k_cache,) if gather else kv_descriptors(k_cache, True)
+    descriptors = [k_cache.data_ptr(), *cache_args(k_cache)]  # the last cache's, rebuilt when it moves
+    entry = launch(kernel, (groups, plan.num_splits + batch),
                    _hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse, workspace),
                    scalars, constexprs, params["num_warps"], 1, floats=DECODE_FLOATS)
     if entry is None:
@@ -3820,7 +3964,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
 
     def run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse):
         if k_cache.data_ptr() != descriptors[0]:
-            descriptors[:] = [k_cache.data_ptr(), *kv_descriptors(k_cache, True)]
+            descriptors[:] = [k_cache.data_ptr(), *cache_args(k_cache)]
         run_compiled(*_hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse,
                                             workspace), *_with_k_scale(scalars, k_scale), *constexpr_values)
     return run
@@ -3894,7 +4038,8 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
         return out, lse
     target = plan
     if plan.route["route"] == "hopper_paged" and not tma_can_read(k_cache):
-        # TMA reads 16-byte aligned rows of whole blocks: the portable route reads any other cache
+        # TMA, and the gathered kernel's 16-byte copies, read 16-byte aligned rows of whole blocks: the
+        # portable route reads any other cache
         if plan.fallback is None:
             plan.fallback = MlaDecodePlan()
             _fill_plan(plan.fallback, plan.shape, serving_route_row(plan.shape, [

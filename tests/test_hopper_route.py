@@ -342,7 +342,7 @@ for row in submission.SERVING_ROUTE_TABLE:
     if row["route"] != "hopper_paged":
         continue
     for plan in submission.hopper_paged_compile_plan(dict(row["params"], kv=row["kv"]), "fp8e4nv",
-                                                     page_sizes=(64, 128)):
+                                                     page_sizes=(16, 64)):
         facts, _ = kr.compile_and_analyse(*kr.complete_plan_entry(plan, kr.TARGETS["sm90"]), kr.TARGETS["sm90"])
         c = plan["constexprs"]
         out.append([row["kv"], c["NUM_HEADS"], c["WARPS"], c["STAGES"], c["PAGE_SIZE"], c["CAUSAL"],
@@ -355,8 +355,9 @@ print(json.dumps(out))
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="needs Triton's Gluon (3.6)")
 def test_paged_kernel_compiles_for_sm90_without_spills():
     """The serving API's Hopper kernel, as every hopper_paged row of SERVING_ROUTE_TABLE configures
-    it (its cache format, rows, warps and ring slots), for pages of 64 and 128 and causal masks on
-    and off, compiles for sm_90 here, no GPU needed, with no spills and within shared memory, under
+    it (its cache format, rows, warps and ring slots), for pages of 16 (the gathered kernel) and 64
+    (TMA) and causal masks on and off, compiles for sm_90 here, no GPU needed, with no spills and
+    within shared memory, under
     the route's own bound on it (NOTES.md h38); with the span schedule (a loop over a span's
     segments), spills only outside the tile loops, none in them (read in the SASS; NOTES.md h42).
     In a process of its own: under the interpreter triton.language's own jit helpers are
@@ -370,7 +371,7 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
     assert {row["kv"] for row in rows} == {"fp8", "bf16"}
     assert [(r[0], r[1], r[4], r[5]) for r in results] == [
         (row["kv"], submission.route_rows(row), page, causal)
-        for row in rows for page in (64, 128) for causal in (False, True)]
+        for row in rows for page in (16, 64) for causal in (False, True)]
     for (kv, rows_, warps, stages, page, causal, parsed, spill_free, lds_fits, spills, registers, lds, spans,
          tile_loop_spills) in results:
         config = (kv, rows_, warps, stages, page, causal, registers, spills, spans, tile_loop_spills)
@@ -414,9 +415,11 @@ def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wid
     assert submission.route_rows(row) == rows and s_q * h_q >= row.get("min_rows", 0)
     assert row["params"]["num_warps"] == (4 if rows == 16 else 8)
     assert row["params"].get("pv_f16", False) == (kv == "fp8")
-    # pages smaller than a tile still go to the portable kernel, whose programs hold 16 rows
-    portable = _serving_row((128, s_q, h_q, 16, kv, s_q > 1), monkeypatch)
-    assert portable["route"] == "triton_paged" and submission.route_rows(portable) == submission.SERVING_ROWS
+    # pages smaller than a tile take the same row (the gathered kernel: NOTES.md h48)
+    for page in (1, 16, 32, 128):
+        assert _serving_row((128, s_q, h_q, page, kv, s_q > 1), monkeypatch) is row
+    assert submission.hopper_paged_kernel(16) is submission._mla_decode_gathered_hopper_kernel
+    assert submission.hopper_paged_kernel(64) is submission._mla_decode_paged_hopper_kernel
 
 
 def test_route_rows_default_to_16():

@@ -343,10 +343,11 @@ def test_serving_route_table_is_data_and_covers_both_caches():
 @pytest.mark.parametrize("shape,hopper,route", [
     ((128, 1, 16, 64, "fp8", False), True, "hopper_paged"),
     ((128, 2, 128, 128, "fp8", True), True, "hopper_paged"),
-    ((128, 1, 16, 16, "fp8", False), True, "triton_paged"),  # pages smaller than a tile: gathers
+    ((128, 1, 16, 16, "fp8", False), True, "hopper_paged"),  # pages smaller than a tile: gathered
+    ((128, 1, 16, 1, "fp8", False), True, "hopper_paged"),
     ((2048, 1, 16, 64, "fp8", False), True, "triton_paged"),  # more requests than the schedule holds
     ((128, 1, 16, 64, "bf16", False), True, "hopper_paged"),
-    ((128, 4, 3, 16, "bf16", True), True, "triton_paged"),
+    ((128, 4, 3, 16, "bf16", True), True, "hopper_paged"),
     ((128, 1, 16, 64, "fp8", False), False, "triton_paged"),  # no Hopper GPU
 ])
 def test_serving_route_row_follows_the_table(monkeypatch, shape, hopper, route):
@@ -355,11 +356,12 @@ def test_serving_route_row_follows_the_table(monkeypatch, shape, hopper, route):
     assert submission.serving_route_row(shape)["route"] == route
 
 
-@pytest.mark.parametrize("route", ["triton_paged", "hopper_paged"])
-def test_a_signatures_direct_launch_repeats_its_first_launch(monkeypatch, route):
+@pytest.mark.parametrize("route,page", [("triton_paged", 64), ("hopper_paged", 64), ("hopper_paged", 16)])
+def test_a_signatures_direct_launch_repeats_its_first_launch(monkeypatch, route, page):
     """The launch a plan records per signature (Triton's launcher straight from the plan, as on a
     GPU) passes a later call's own tensors and float k_scale in the order of the first launch's
-    arguments, for either route (a stand-in for launch() records both; no kernel runs)."""
+    arguments, for either route and both Hopper kernels (TMA descriptors at pages of 64, the cache
+    itself below; a stand-in for launch() records both; no kernel runs)."""
     launches, direct = [], []
 
     def recording_launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, floats=1):
@@ -370,14 +372,17 @@ def test_a_signatures_direct_launch_repeats_its_first_launch(monkeypatch, route)
     monkeypatch.setattr(submission, "SERVING_ROUTES", {route})
     plan = submission.get_mla_decode_metadata()[0]
     plan.num_splits = 3  # no GPU to count the SMs of
-    first = make_case(2, 2, 16, 64, [100, 70], kv="fp8", seed=41)
-    second = dict(first, q=make_case(2, 2, 16, 64, [100, 70], kv="fp8", seed=42)["q"],
+    first = make_case(2, 2, 16, page, [100, 70], kv="fp8", seed=41)
+    second = dict(first, q=make_case(2, 2, 16, page, [100, 70], kv="fp8", seed=42)["q"],
                   cache_seqlens=torch.tensor([60, 128], dtype=torch.int32, device=DEVICE),
                   block_table=first["block_table"].flip(0).contiguous())  # the same signature, other values
     out1, lse1 = run(first, causal=True, plan=plan)
     assert plan.route["route"] == route and len(launches) == 1 and not direct
     out2, lse2 = run(second, causal=True, plan=plan, k_scale=second["k_scale"] * 2)
     kernel, grid, tensors, scalars = launches[0]
+    if route == "hopper_paged":
+        assert kernel is submission.hopper_paged_kernel(page)
+        assert (tensors[1] is first["k_cache"]) == (page < 64), "the gathered kernel reads the cache itself"
     assert len(launches) == 1 and len(direct) == 1, "the second call of the signature goes straight to Triton"
     args = direct[0]
     assert args[-1] == "constexprs" and len(args) == len(tensors) + len(scalars) + 1
