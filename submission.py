@@ -2566,14 +2566,16 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
 #   aiter_a8w8_persistent   mla_decode_stage1_asm_fwd + mla_reduce_v1 called directly over a work
 #                           plan from get_mla_metadata_v1, the fp8 KV seen as pages, fp8 q
 #   aiter_a16w8_persistent  the same calls with bf16 q over the fp8 KV (aiter's a16w8 kernel)
-# and, for the serving API (AITER_SERVING_TABLE), aiter_serving_fp8 / aiter_serving_bf16 over
-# aiter's CSR form of a block table (aiter_serving_csr; NOTES.md h37).
+# and, for the serving API (AITER_SERVING_TABLE), aiter_serving_fp8 / aiter_serving_bf16 /
+# aiter_serving_a8w8_persistent over aiter's CSR form of a block table (aiter_serving_csr;
+# NOTES.md h37, h47).
 # aiter's API drifts (docs/runner.md, "Which aiter versions the file was checked against": the
 # runner's f3be04a12 and v0.1.20 of 2026-08-22, read, and every generation between them in the test
 # double). The rule: the compiled ops' parameter lists (stage 1, the reduce) and the metadata
 # functions' are read ONCE at import; the two kernels get their values positionally in the order
-# read, up to the last one this file fills (q_scale, kv_scale; `lse` stays None: aiter has no lse
-# build of the a16w8 kernel), the metadata calls get theirs by the names read. Anything this file
+# read, up to the last one this file fills (q_scale, kv_scale; `lse` stays None on custom_kernel's
+# routes: aiter has no lse build of the a16w8 kernel; aiter_serving_a8w8_persistent fills it where
+# aiter's API says a kernel writes it), the metadata calls get theirs by the names read. Anything this file
 # cannot call correctly turns the aiter routes off (one warning line, Triton routes).
 # =============================================================================================
 
@@ -2722,10 +2724,14 @@ try:
     _METADATA_DTYPES = next(pair for pair in METADATA_DTYPE_KEYWORDS
                             if set(pair) <= set(AITER_API["get_mla_metadata_v1"]))
     _INFO_SPLIT_CAP = "max_split_per_batch" in AITER_API["get_mla_metadata_info_v1"]
+    # every parameter stage 1 takes, also those left at their defaults (read for capabilities)
+    _STAGE1_NAMES = frozenset(name for name, _ in
+                              aiter_parameters(_stage1, "mla_decode_stage1_asm_fwd"))
     HAVE_AITER = True
 except Exception as exc:  # not installed, a broken install, or an API this file does not know
     aiter = mla_decode_fwd = _stage1 = _reduce = _STAGE1_ORDER = _REDUCE_ORDER = AITER_API = None
     _METADATA_DTYPES = _INFO_SPLIT_CAP = None
+    _STAGE1_NAMES = frozenset()
     HAVE_AITER = False
     _reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
     print(f"submission.py: aiter routes off ({_reason}); using the portable Triton routes",
@@ -2825,24 +2831,26 @@ class PersistentPlan:
     """One shape's work plan: the six buffers get_mla_metadata_info_v1 describes (filled by
     get_mla_metadata_v1 with `setting`, one of the *_PLAN dicts), plus the float32 partials stage 1
     writes and the reduce reads, sized reduce_partial_map.size(0) * max_seqlen_q rows as aiter's
-    own wrapper sizes them."""
-    __slots__ = ("setting", "work_meta_data", "work_indptr", "work_info_set", "reduce_indptr",
-                 "reduce_final_map", "reduce_partial_map", "partial_output", "partial_lse")
+    own wrapper sizes them. heads: query heads (custom_kernel's 16; the serving API's per plan)."""
+    __slots__ = ("setting", "heads", "work_meta_data", "work_indptr", "work_info_set",
+                 "reduce_indptr", "reduce_final_map", "reduce_partial_map", "partial_output",
+                 "partial_lse")
 
-    def __init__(self, batch, max_seqlen_q, num_kv_splits, q_dtype, kv_dtype, device, setting):
-        self.setting = setting
+    def __init__(self, batch, max_seqlen_q, num_kv_splits, q_dtype, kv_dtype, device, setting,
+                 heads=NUM_HEADS):
+        self.setting, self.heads = setting, heads
         split_cap = {"max_split_per_batch": num_kv_splits} if _INFO_SPLIT_CAP else {}
         info = aiter.get_mla_metadata_info_v1(
-            batch, max_seqlen_q, NUM_HEADS, q_dtype, kv_dtype, False,
+            batch, max_seqlen_q, heads, q_dtype, kv_dtype, False,
             fast_mode=setting["fast_mode"], num_kv_splits=num_kv_splits,
             intra_batch_mode=setting["intra_batch_mode"], **split_cap)
         (self.work_meta_data, self.work_indptr, self.work_info_set, self.reduce_indptr,
          self.reduce_final_map, self.reduce_partial_map) = [
             torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info]
         partials = self.reduce_partial_map.size(0) * max_seqlen_q
-        self.partial_output = torch.empty(partials, 1, NUM_HEADS, V_HEAD_DIM,
+        self.partial_output = torch.empty(partials, 1, heads, V_HEAD_DIM,
                                           dtype=torch.float32, device=device)
-        self.partial_lse = torch.empty(partials, 1, NUM_HEADS, 1, dtype=torch.float32,
+        self.partial_lse = torch.empty(partials, 1, heads, 1, dtype=torch.float32,
                                        device=device)
 
     def fill(self, qo_indptr, kv_page_indptr, kv_last_page_lens, max_seqlen_q, page_size,
@@ -2850,7 +2858,7 @@ class PersistentPlan:
         """Write the plan for the lengths these indptrs hold (a GPU op, no sync)."""
         dtype_q, dtype_kv = _METADATA_DTYPES
         aiter.get_mla_metadata_v1(
-            qo_indptr, kv_page_indptr, kv_last_page_lens, NUM_HEADS // NUM_KV_HEADS,
+            qo_indptr, kv_page_indptr, kv_last_page_lens, self.heads // NUM_KV_HEADS,
             NUM_KV_HEADS, self.setting["is_causal"], self.work_meta_data, self.work_info_set,
             self.work_indptr, self.reduce_indptr, self.reduce_final_map, self.reduce_partial_map,
             page_size=page_size, kv_granularity=max(page_size, 16), max_seqlen_qo=max_seqlen_q,
@@ -2977,19 +2985,40 @@ def aiter_a16w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_
 #   unwritten torch.empty): "decode_lse" in AITER_SERVING_CAPABILITIES;
 # - a request without tokens has no defined result in aiter's kernels (0 / 0), and aiter checks
 #   no block ids: both are settled here on the GPU after the call (aiter_serving_fix), no sync.
-# Persistent routes (a8w8 / a16w8 through stage 1 + reduce) are not served: at f3be04a12 a tile
-# stage 1 finishes alone gets no lse (mla_reduce_v1 skips tiles of one partial, reduce.cu; stage
-# 1 has no lse parameter), and the a16w8 kernel has no lse build at any version.
+# The persistent a8w8 path (metadata, stage 1 over the work plan, mla_reduce_v1) is served where
+# stage 1 takes an `lse` that its lse builds write for the requests whose work is one partial
+# (the reduce writes the split ones': final_lse): not at f3be04a12 (no such parameter; the reduce
+# skips groups of one partial), from ff61bb3997 on (NOTES.md h47). Not a16w8: no lse build at any
+# version.
 # ---------------------------------------------------------------------------------------------
-# What the loaded aiter can do beyond calling its functions, as far as its API tells: "decode_lse"
-# where mla_reduce_v1 takes num_kv_splits (ff61bb3997, 2026-06-11, the first API change after
-# c849fd5845 this file can read; an aiter between the two is treated as without: Triton serves).
-# "fp8_8_heads": the same signal, for the non-persistent fp8 8-head q-length-1 kernel
-# (mla_a8w8_qh8_qseqlen1_gqaratio8_v3, 78dad4ca34, 2026-05-06; absent at f3be04a12). Which head
-# counts each route serves: AITER_SERVING_TABLE's "heads" (NOTES.md h37a).
-AITER_SERVING_CAPABILITIES = frozenset(
-    {"decode_lse", "fp8_8_heads"} if HAVE_AITER and "num_kv_splits" in AITER_API["mla_reduce_v1"]
-    else ())
+
+
+def aiter_capabilities(stage1_names, reduce_names):
+    """What an aiter whose stage 1 and mla_reduce_v1 take these parameter names can do beyond
+    calling its functions, as far as its API tells (a frozenset of names AITER_SERVING_TABLE's
+    "needs" use). All need mla_reduce_v1's num_kv_splits (ff61bb3997, 2026-06-11), the first API
+    change after the kernels they rely on that this file can read; an aiter between is treated as
+    without (Triton serves):
+    - "decode_lse": the non-persistent mla_decode_fwd's stage 2 writes the merged lse
+      (c849fd5845, 2026-04-16); "fp8_8_heads": its fp8 8-head q-length-1 kernel
+      (mla_a8w8_qh8_qseqlen1_gqaratio8_v3, 78dad4ca34, 2026-05-06; absent at f3be04a12);
+    - "persistent_lse": stage 1 takes `lse` too, and its persistent fp8 q-length-1 kernels at 16,
+      64 and 128 heads have lse builds (ce27de0132 2026-03-26 for 16; all three at ff61bb3997);
+    - "persistent_lse_32_heads": stage 1 also takes valid_split_count (c2f68ab382, 2026-06-26):
+      the 32-head one's lse build is there (9d0d5e7c77, 2026-06-22).
+    Which head counts each route serves: AITER_SERVING_TABLE's "heads" (NOTES.md h37a, h47)."""
+    if "num_kv_splits" not in reduce_names:
+        return frozenset()
+    names = {"decode_lse", "fp8_8_heads"}
+    if "lse" in stage1_names:
+        names.add("persistent_lse")
+        if "valid_split_count" in stage1_names:
+            names.add("persistent_lse_32_heads")
+    return frozenset(names)
+
+
+AITER_SERVING_CAPABILITIES = (aiter_capabilities(_STAGE1_NAMES, AITER_API["mla_reduce_v1"])
+                              if HAVE_AITER else frozenset())
 
 
 class AiterServingBuffers:
@@ -2999,9 +3028,11 @@ class AiterServingBuffers:
     mla_decode_fwd's split indptr for one split per request: the same values), kv_indptr (batch
     + 1), kv_indices (batch x capacity entries, capacity = max_blocks x page_size; entries past
     kv_indptr[-1] hold 0, a row that exists), kv_last_page_lens (ones: pages of one token),
-    positions = arange(batch x capacity), and a float32 (1,) k_scale for a Python-float scale."""
+    positions = arange(batch x capacity), and a float32 (1,) k_scale for a Python-float scale.
+    The persistent route adds its work plan (PersistentPlan) and its (batch, heads) float32 lse
+    at its first call (`persistent`, `final_lse`; None before)."""
     __slots__ = ("capacity", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_lens",
-                 "positions", "k_scale")
+                 "positions", "k_scale", "persistent", "final_lse")
 
     def __init__(self, batch, capacity, device):
         int32 = {"dtype": torch.int32, "device": device}
@@ -3012,27 +3043,30 @@ class AiterServingBuffers:
         self.kv_last_page_lens = torch.ones(batch, **int32)
         self.positions = torch.arange(batch * capacity, **int32)
         self.k_scale = torch.ones(1, dtype=torch.float32, device=device)
+        self.persistent = self.final_lse = None
 
 
-def aiter_serving_csr(buffers, block_table, cache_seqlens, num_blocks, page_size):
+def aiter_serving_csr(buffers, block_table, cache_seqlens, num_blocks, page_size, min_length=0):
     """Write this call's CSR into `buffers` on the GPU (fixed shapes, no host sync) and return
     (kv_indices view of batch x capacity entries, bad, empty): bad (batch,) bool marks a request
     whose length is negative or past its block table's capacity, or whose USED block ids leave
     [0, num_blocks); empty marks a request of length 0. Lengths are clamped to [0, capacity] and
     a bad block id's tokens point at row 0, so aiter reads nothing outside the cache; block-table
-    entries past a request's used blocks are never read."""
+    entries past a request's used blocks are never read. min_length 1: a request shorter than
+    that still gets one entry (row 0) for routes whose plan needs KV in every request; its
+    result is aiter_serving_fix's."""
     batch, max_blocks = block_table.shape
     capacity = max_blocks * page_size
     lengths = cache_seqlens.clamp(0, capacity)
     ends = buffers.kv_indptr[1:]
-    torch.cumsum(lengths, 0, dtype=torch.int32, out=ends)
+    torch.cumsum(lengths.clamp(min=min_length), 0, dtype=torch.int32, out=ends)
     # entry j of kv_indices: token j - kv_indptr[owner] of request owner
     positions = buffers.positions[:batch * capacity]
     owner = torch.searchsorted(ends, positions, right=True, out_int32=True).clamp_(max=batch - 1)
     token = positions - buffers.kv_indptr[owner]
     column = torch.div(token, page_size, rounding_mode="floor").clamp_(0, max_blocks - 1)
     block = block_table[owner, column]
-    valid = (positions < ends[-1]) & (block >= 0) & (block < num_blocks)
+    valid = (token < lengths[owner]) & (block >= 0) & (block < num_blocks)
     kv_indices = buffers.kv_indices[:batch * capacity]
     kv_indices.copy_(torch.where(valid, block * page_size + token % page_size, 0))
     used_blocks = torch.div(lengths + (page_size - 1), page_size, rounding_mode="floor")
@@ -3081,13 +3115,52 @@ def aiter_serving_bf16(q_rows, kv_rows, out_rows, csr, kv_indices, softmax_scale
     return lse
 
 
+def aiter_serving_a8w8_persistent(q_rows, kv_rows, out_rows, csr, kv_indices, softmax_scale,
+                                  kv_scale, num_splits=16):
+    """fp8 cache: aiter's persistent a8w8 path, the calls persistent_decode makes, with an lse for
+    every request. fp8 q (the runner's per-tensor quantiser); get_mla_metadata_v1's balanced plan
+    (fast mode, at most num_splits splits per request) of this call's CSR, computed on the GPU
+    into the plan's fixed buffers (sized once by batch and heads, rewritten every call); stage 1
+    over that plan, given the plan's lse buffer as `lse`: its lse build writes the output and lse
+    of each request whose work is one partial; mla_reduce_v1 merges the split ones into out and
+    final_lse, num_kv_splits in its place. Kernels (asm_mla.cu's remap at e4048607a): 16 heads
+    mla_a8w8_qh16_qseqlen1_gqaratio16_lse_ps, 32 ..._qh32_qseqlen1_gqaratio32_lse_ps, 64 the
+    16-head q-length-4 lse kernel (the 64-head q-length-1 one before 2026-08-10), 128 the 32-head
+    q-length-4 one. Returns the (rows, heads) lse: the plan's buffer (the caller copies it)."""
+    rows, heads = q_rows.shape[:2]
+    q_fp8, q_scale = quantize_q_fp8(q_rows, kv_rows.dtype, "tensor")
+    if csr.persistent is None:
+        csr.persistent = PersistentPlan(rows, 1, num_splits, q_fp8.dtype, kv_rows.dtype,
+                                        q_rows.device, BALANCED_PLAN, heads)
+        csr.final_lse = torch.empty(rows, heads, dtype=torch.float32, device=q_rows.device)
+    plan = csr.persistent
+    plan.fill(csr.qo_indptr, csr.kv_indptr, csr.kv_last_page_lens, 1, 1, num_splits, q_fp8.dtype,
+              kv_rows.dtype)
+    # values in STAGE1_PARAMETERS / REDUCE_PARAMETERS order; *_ORDER keeps what this aiter takes
+    _stage1(*_STAGE1_ORDER((
+        q_fp8, kv_rows, csr.qo_indptr, csr.kv_indptr, kv_indices, csr.kv_last_page_lens, None,
+        plan.work_meta_data, plan.work_indptr, plan.work_info_set, 1, 1, NUM_KV_HEADS,
+        softmax_scale, plan.partial_output, plan.partial_lse, out_rows, csr.final_lse, q_scale,
+        kv_scale)))
+    _reduce(*_REDUCE_ORDER((
+        plan.partial_output, plan.partial_lse, plan.reduce_indptr, plan.reduce_final_map,
+        plan.reduce_partial_map, 1, num_splits, out_rows, csr.final_lse)))
+    return csr.final_lse
+
+
 AITER_SERVING_ROUTES = {"aiter_serving_fp8": aiter_serving_fp8,
-                        "aiter_serving_bf16": aiter_serving_bf16}
+                        "aiter_serving_bf16": aiter_serving_bf16,
+                        "aiter_serving_a8w8_persistent": aiter_serving_a8w8_persistent}
+# Routes whose work plan needs KV in every request: aiter's metadata and stage 1 give a request
+# without tokens no defined result, so the CSR gives it one entry (row 0); aiter_serving_fix then
+# writes its out 0 / lse +inf.
+AITER_SERVING_MIN_LENGTH = {"aiter_serving_a8w8_persistent": 1}
 
 
 def aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_scale, k_scale):
     """One mla_decode_with_kvcache call on the plan's aiter route (inputs already checked):
-    the CSR into the plan's buffers, the route, then aiter_serving_fix. Fresh out and lse."""
+    the CSR into the plan's buffers, the route (with its row's params), then aiter_serving_fix.
+    Fresh out and lse."""
     batch, s_q, heads, _ = q.shape
     num_blocks, page_size = k_cache.shape[:2]
     capacity = block_table.shape[1] * page_size
@@ -3097,8 +3170,9 @@ def aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_sca
     if not k_cache.is_contiguous():
         raise ValueError(f"k_cache has strides {tuple(k_cache.stride())}: the aiter route "
                          f"({plan.route['route']}) reads it as contiguous rows; pass .contiguous()")
+    route = plan.route["route"]
     kv_indices, bad, empty = aiter_serving_csr(csr, block_table, cache_seqlens, num_blocks,
-                                               page_size)
+                                               page_size, AITER_SERVING_MIN_LENGTH.get(route, 0))
     if isinstance(k_scale, torch.Tensor):
         kv_scale = k_scale.view(1)
     elif k_scale is not None:  # a Python float: into the plan's tensor (a GPU fill, no sync)
@@ -3107,11 +3181,12 @@ def aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_sca
         kv_scale = None
     out = torch.empty(batch, s_q, heads, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     rows = batch * s_q
-    lse = AITER_SERVING_ROUTES[plan.route["route"]](
+    lse = AITER_SERVING_ROUTES[route](
         q.reshape(rows, heads, QK_HEAD_DIM).contiguous(),
         k_cache.view(num_blocks * page_size, 1, NUM_KV_HEADS, QK_HEAD_DIM),
         out.view(rows, heads, V_HEAD_DIM), csr, kv_indices,
-        SM_SCALE if softmax_scale is None else float(softmax_scale), kv_scale)
+        SM_SCALE if softmax_scale is None else float(softmax_scale), kv_scale,
+        **plan.route["params"])
     lse = lse.reshape(batch, s_q, heads).transpose(1, 2).clone()  # the API's (batch, heads, s_q)
     aiter_serving_fix(out, lse, bad, empty)
     return out, lse
@@ -3659,9 +3734,21 @@ SERVING_ROUTE_TABLE = [
 # cache format is "kv", head count in "heads", query tokens in "s_q", when the loaded aiter has
 # every capability in "needs" (AITER_SERVING_CAPABILITIES); the plan falls through to
 # SERVING_ROUTE_TABLE otherwise (other head counts, s_q > 1, the runner's aiter with a bf16 cache).
-# Head counts: the non-persistent kernels for one query token (NOTES.md h37a).
-# aiter's kernels for these cases, and why no others: the aiter section (NOTES.md h37).
+# Head counts: the non-persistent kernels for one query token (NOTES.md h37a); the persistent
+# a8w8 kernels with an lse build (NOTES.md h47: 16 / 64 / 128 heads from 2026-06-11, 32 from
+# 2026-06-26; fp8 32 and 64 have no non-persistent kernel there). One query token only: the double
+# models q length 1, and how aiter's multi-token persistent kernels align the causal mask is in
+# their binaries. Which route first (unmeasured: no MI355X): the persistent row up to 32 requests,
+# where the leaderboard's AITER_ROUTE_TABLE takes a8w8 persistent too and aiter's own
+# mla_decode_fwd keeps its (bf16) persistent kernel (its batch gate: 32); above, one split each.
+# aiter's kernels for these cases, and why no others: the aiter section (NOTES.md h37, h47).
 AITER_SERVING_TABLE = [
+    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "max_batch": 32, "needs": ("persistent_lse",),
+     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
+    {"kv": "fp8", "heads": (64,), "s_q": (1,), "needs": ("persistent_lse",), "route": "aiter_serving_a8w8_persistent",
+     "params": {"num_splits": 16}},
+    {"kv": "fp8", "heads": (32,), "s_q": (1,), "needs": ("persistent_lse_32_heads",),
+     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
     {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "needs": (), "route": "aiter_serving_fp8", "params": {}},
     {"kv": "fp8", "heads": (8,), "s_q": (1,), "needs": ("fp8_8_heads",), "route": "aiter_serving_fp8",
      "params": {}},

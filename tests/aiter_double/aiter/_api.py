@@ -171,14 +171,18 @@ GENERATIONS = {
 UNKNOWN_GENERATIONS = ("2099-01",)  # the product must refuse these (aiter routes off)
 # Below the API (_double.FEATURES): see _double.configure. The q-length-1 kernel rows of
 # e4048607a (c849fd5845 2026-04-16, 78dad4ca34 2026-05-06) predate 2026-06-11.
+# The persistent fp8 tables (persistent_table): ff61bb3997's at 2026-06-11, c2f68ab382's from
+# 2026-06-26 to 2026-07-14 (read there and at fede90f463 / 028756633e: the same), 45ef304fe5's
+# from 2026-08-10 (the same at e4048607a); f3be04a12's before.
 _FEATURES_FROM_06_26 = {"lse": "variant", "info_split_cap": "sum", "decode_lse": "written",
-                        "kernel_table": "e4048607a"}
+                        "kernel_table": "e4048607a", "persistent_table": "c2f68ab382"}
+_FEATURES_FROM_08_10 = dict(_FEATURES_FROM_06_26, persistent_table="45ef304fe5")
 FEATURES = {
     "2026-03-04": {},
     "2026-03-16": {"lse": "unwritten"},
-    "2026-06-11": dict(_FEATURES_FROM_06_26, info_split_cap="product"),
-    **{generation: _FEATURES_FROM_06_26 for generation in ("2026-06-26", "2026-07-13", "2026-07-14", "2026-08-10",
-                                                           "2099-01")},
+    "2026-06-11": dict(_FEATURES_FROM_06_26, info_split_cap="product", persistent_table="ff61bb3997"),
+    **{generation: _FEATURES_FROM_06_26 for generation in ("2026-06-26", "2026-07-13", "2026-07-14")},
+    **{generation: _FEATURES_FROM_08_10 for generation in ("2026-08-10", "2099-01")},
 }
 DEFAULT_GENERATION = "2026-03-04"
 GENERATION_ALIASES = {

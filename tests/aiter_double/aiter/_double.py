@@ -40,16 +40,20 @@ the heads per KV head, persistent or not, and the q length after aiter's padding
 KV, persistent: a q length <= 4 is padded to 4). A combination the table lacks is refused with
 aiter's "cannot get heuristic kernel" (bf16 q over fp8 KV without a plan, fp8 q over bf16 KV,
 bf16 q over a byte-packed cache); a packed fp4x2 cache fails aiter's head-size check first. Only
-decode (q length 1) is computed: the persistent mode at 16 heads, the non-persistent
+decode (q length 1) is computed: the persistent mode at 16 heads (fp8 q over fp8 KV: the head
+counts of FEATURES["persistent_table"]), the non-persistent
 mla_decode_fwd at every head count the generation's kernel table serves (FEATURES["kernel_table"]:
 16 and 128 at f3be04a12 for fp8 q, 16 / 32 / 64 / 128 for bf16; from e4048607a's table also 8 for
 both, and 64 bf16 through its q-length-1 kernel; NOTES.md h37a).
 
 Later generations (aiter/_api.py sets FEATURES at import, see configure) keep these kernels for
 the rows the routes use (16 heads, q length 1; read at e4048607a, 2026-08-22) and differ below the
-API in three ways the double models: how get_mla_metadata_info_v1 grows reduce_partial_map by
-max_split_per_batch, what a non-None `lse` does to stage 1's kernel choice, and which lse the
-non-persistent mla_decode_fwd returns (FEATURES["decode_lse"]). Every lse is a natural log.
+API in the ways the double models: how get_mla_metadata_info_v1 grows reduce_partial_map by
+max_split_per_batch, what a non-None `lse` does to stage 1's kernel choice, which lse the
+non-persistent mla_decode_fwd returns (FEATURES["decode_lse"]), and which head counts the
+persistent fp8 path plans and runs for q length 1 (FEATURES["persistent_table"]: from ff61bb3997
+also 64 and 128 heads, from c2f68ab382 32; the head remap onto other kernels is asm_mla.cu's, by
+head count and q length; NOTES.md h47). Every lse is a natural log.
 
 Page mode (AITER_DOUBLE_PAGE_MODE, or set_page_mode): "exact" (default) reads every row of every
 page. "first_token" behaves like the suspected fp8 persistent kernel for q length 1 (runner.md
@@ -98,11 +102,21 @@ PAGE_MODES = ("exact", "first_token")
 #   at 64 heads aiter refuses ("only supports persistent mode"); the bf16 shortcut is 8 / 32
 #   heads with one split, o written, and final_lse returned with return_lse (no non-persistent
 #   kernel has an lse build: unwritten).
+# - "persistent_table": the persistent fp8 q-length-1 decode beyond 16 heads, three places read at
+#   the commit named: the kernel asm_mla.cu picks after its head remap (PERSISTENT_FP8_Q1), the
+#   head counts get_mla_metadata_v1 plans without folding them into 16-head batches
+#   (natively_supported in csrc/kernels/mla/metadata/v1_2_device.cuh: PLANNED_FP8_HEADS), and
+#   get_mla_metadata_info_v1's tile count. "f3be04a12": 16 and 128 heads (mla_a8w8_qh128_m32x4_
+#   n16x2_msk0_ps), its own sizes; "ff61bb3997" (2026-06-11): 16, 64 (mla_a8w8_qh64_qseqlen1_
+#   gqaratio64_v3_ps), 128 (remapped onto the 32-head q-length-4 kernel), 32 refused by aiter;
+#   "c2f68ab382" (2026-06-26; the 32-head q-length-1 kernel came 9d0d5e7c77, 2026-06-22): also 32;
+#   "45ef304fe5" (2026-08-10 .. e4048607a): 64 remapped onto the 16-head q-length-4 kernel.
 FEATURE_VALUES = {"info_split_cap": ("product", "sum"), "lse": ("unwritten", "variant"),
                   "decode_lse": ("unwritten", "written"),
-                  "kernel_table": ("f3be04a12", "e4048607a")}
+                  "kernel_table": ("f3be04a12", "e4048607a"),
+                  "persistent_table": ("f3be04a12", "ff61bb3997", "c2f68ab382", "45ef304fe5")}
 FEATURES = {"info_split_cap": "product", "lse": "variant", "decode_lse": "unwritten",
-            "kernel_table": "f3be04a12"}
+            "kernel_table": "f3be04a12", "persistent_table": "f3be04a12"}
 
 
 def configure(**features):
@@ -260,6 +274,38 @@ LSE_VARIANTS = {
     GFX950_DECODE_KERNELS[("bf16", "bf16", 16, 1, 4)]:
         "mla_a16w16_qh16_m16x4_n16x1_coex0_mask1_lse_ps",
 }
+# aiter's persistent fp8 decode for q length 1 beyond f3be04a12 (FEATURES["persistent_table"]):
+# heads -> (kernel, the (gqa, q length) asm_mla.cu looks it up with after its remap, the kernel
+# of its lse build), or aiter's refusal text. From csrc/py_itfs_cu/asm_mla.cu's gqa_ratio branches
+# and its gfx950 remap (s_MQA = the real head count), and hsa/gfx950/mla/mla_asm.csv's rows with
+# ps 1 and lse 0 / 1, at ff61bb3997, c2f68ab382 and 45ef304fe5 (= e4048607a there). Another head
+# count finds no row: "cannot get heuristic kernel".
+_G16_Q1 = ("mla_a8w8_qh16_qseqlen1_gqaratio16_ps", 16, 1, "mla_a8w8_qh16_qseqlen1_gqaratio16_lse_ps")
+_G32_Q1 = ("mla_a8w8_qh32_qseqlen1_gqaratio32_ps", 32, 1, "mla_a8w8_qh32_qseqlen1_gqaratio32_lse_ps")
+_G64_Q1 = ("mla_a8w8_qh64_qseqlen1_gqaratio64_v3_ps", 64, 1,
+           "mla_a8w8_qh64_qseqlen1_gqaratio64_lse_v3_ps")
+_G16_Q4 = ("mla_a8w8_qh16_qseqlen4_gqaratio16_v3_ps", 16, 4,
+           "mla_a8w8_qh16_qseqlen4_gqaratio16_lse_v3_ps")
+_G32_Q4 = ("mla_a8w8_qh32_qseqlen4_gqaratio32_ps", 32, 4, "mla_a8w8_qh32_qseqlen4_gqaratio32_lse_ps")
+_NO_32_Q1 = "fp8/fp8 with gqa_ratio=32 only supports decode_qlen=2,4 in persistent mode"
+PERSISTENT_FP8_Q1 = {
+    "ff61bb3997": {16: _G16_Q1, 32: _NO_32_Q1, 64: _G64_Q1, 128: _G32_Q4},
+    "c2f68ab382": {16: _G16_Q1, 32: _G32_Q1, 64: _G64_Q1, 128: _G32_Q4},
+    "45ef304fe5": {16: _G16_Q1, 32: _G32_Q1, 64: _G16_Q4, 128: _G32_Q4},
+}
+for _table in PERSISTENT_FP8_Q1.values():
+    for _row in _table.values():
+        if isinstance(_row, tuple):
+            LSE_VARIANTS[_row[0]] = _row[3]
+            KERNEL_KEYS.setdefault(_row[0], ("fp8", "fp8", _row[1], 1, _row[2]))
+# The head counts get_mla_metadata_v1 plans as they are for fp8 q over fp8 KV at q length 1
+# (v1_2_device.cuh's natively_supported, gfx950); any pair plans 16. Other multiples of 16 aiter
+# folds into 16-head batches (qk_batch_ratio): not modelled, refused.
+PLANNED_FP8_HEADS = {"f3be04a12": (16, 128), "ff61bb3997": (16, 64, 128),
+                     "c2f68ab382": (16, 32, 64, 128), "45ef304fe5": (16, 32, 64, 128)}
+# mla_reduce_v1's head counts for 512-wide values that every generation read builds
+# (csrc/kernels/mla/reduce.cu's MLA_REDUCE_ROUTER: these four at f3be04a12; more later)
+REDUCE_HEADS = (16, 32, 64, 128)
 BYTE_DTYPES = (torch.uint8, torch.int8)  # aiter's "byte" KV (a packed cache)
 # aiter's dtype ids (csrc/include/aiter_enum.h's AiterDtype order), as the compiled metadata op
 # behind the Python get_mla_metadata_v1 takes them (028756633e on). aiter maps only its own
@@ -317,11 +363,28 @@ def _padded_q_length(fn, q_type, kv_type, gqa, persistent, max_seqlen_q):
     return max_seqlen_q
 
 
+def persistent_fp8_q1_kernel(fn, gqa):
+    """The persistent fp8 q-length-1 kernel FEATURES["persistent_table"] names for gqa heads per
+    KV head (a table after f3be04a12), or aiter's refusal. causal in the message: asm_mla.cu looks
+    q length 1 up as causal from 45ef304fe5 on, with 0 before."""
+    table = FEATURES["persistent_table"]
+    row = PERSISTENT_FP8_Q1[table].get(gqa)
+    expect(not isinstance(row, str), f"{fn}: {row}")
+    expect(row is not None,
+           f"{fn}: get_heuristic_kernel_mla: cannot get heuristic kernel! q_type:fp8 kv_type:fp8 "
+           f"gqa:{gqa} ps:1 prefill:0 causal:{int(table == '45ef304fe5')} qseqlen:1")
+    return row[0]
+
+
 def asm_decode_kernel(fn, q_dtype, kv_dtype, gqa, persistent, max_seqlen_q):
     """The kernel aiter f3be04a12 runs on gfx950 for this call, or its refusal (ContractError,
-    a RuntimeError as aiter's TORCH_CHECK raises)."""
+    a RuntimeError as aiter's TORCH_CHECK raises); the persistent fp8 decode of later generations
+    from their table (persistent_fp8_q1_kernel)."""
     q_type = _asm_type(fn, "Q", q_dtype, ("bf16", "fp8"))
     kv_type = _asm_type(fn, "KV", kv_dtype, ("bf16", "fp8", "byte"))
+    if (persistent and q_type == kv_type == "fp8" and max_seqlen_q == 1
+            and FEATURES["persistent_table"] != "f3be04a12"):
+        return persistent_fp8_q1_kernel(fn, gqa)
     ps = int(persistent)
     if gqa == 128 and q_type == kv_type == "bf16":
         ps = 0  # aiter runs its non-persistent kernel there
@@ -339,7 +402,8 @@ def asm_decode_kernel(fn, q_dtype, kv_dtype, gqa, persistent, max_seqlen_q):
 def check_q_kv(fn, q, kv, page_size, nhead_kv, persistent, max_seqlen_q):
     """aiter's own checks, in its order (a contiguous Q, one KV head, the head size unless the
     KV is byte-packed, a kernel for the dtypes and q length); then what the double models: q
-    (total_q, 16, 576), kv (num_pages, page_size, 1, 576). Returns the kernel's name."""
+    (total_q, heads, 576) (persistent: any head count with a kernel for fp8 q over fp8 KV, else
+    16), kv (num_pages, page_size, 1, 576). Returns the kernel's name."""
     need_tensor(fn, "Q", q, ndim=3)
     expect(q.is_contiguous(), f"{fn}: only support Q.is_contiguous() (aiter's own check)")
     need_tensor(fn, "KV", kv, ndim=4)
@@ -351,7 +415,8 @@ def check_q_kv(fn, q, kv, page_size, nhead_kv, persistent, max_seqlen_q):
            "aiter's own check)")
     kernel = asm_decode_kernel(fn, q.dtype, kv.dtype, q.shape[1] // nhead_kv, persistent,
                                max_seqlen_q)
-    heads = NUM_HEADS if persistent else q.shape[1]  # the persistent mode: 16 heads modelled
+    fp8_pair = q.dtype in FP8_DTYPES and kv.dtype in FP8_DTYPES
+    heads = NUM_HEADS if persistent and not fp8_pair else q.shape[1]
     expect(tuple(q.shape[1:]) == (heads, QK_HEAD_DIM),
            f"{fn}: 'Q' has shape {tuple(q.shape)}, expected (total_q, {heads}, {QK_HEAD_DIM})")
     expect(max_seqlen_q == 1, f"{fn}: the double models decode (max_seqlen_q 1) only")
@@ -419,6 +484,26 @@ def combine(outs, lses):
 # Work plans
 
 
+def planned_heads(fn, heads, q_dtype, kv_dtype):
+    """Refuse a head count the double does not plan: 16 for any pair; for fp8 q over fp8 KV the
+    generation's PLANNED_FP8_HEADS (aiter folds other multiples of 16 into 16-head batches)."""
+    need_int(fn, "heads", heads, 1)
+    fp8_pair = q_dtype in FP8_DTYPES and kv_dtype in FP8_DTYPES
+    allowed = PLANNED_FP8_HEADS[FEATURES["persistent_table"]] if fp8_pair else (NUM_HEADS,)
+    expect(heads in allowed, f"{fn}: {heads} query heads (q {q_dtype}, kv {kv_dtype}): the double "
+                             f"plans {allowed} at this aiter (aiter's 16-head fold is not modelled)")
+
+
+def info_tiles_per_batch(max_seqlen_qo, heads, q_dtype, kv_dtype):
+    """get_mla_metadata_info_v1's max_qo_tiles_per_batch on gfx950 for the planned heads:
+    ceil(q x heads / 128) for 16 heads and for fp8 q over fp8 KV at 128 (f3be04a12) or 64 / 128
+    (later: aiter/ops/attention.py), else ceil(q x heads / 16) (32 heads: 2 tiles sized, 1 used)."""
+    fp8_pair = q_dtype in FP8_DTYPES and kv_dtype in FP8_DTYPES
+    wide = (128,) if FEATURES["persistent_table"] == "f3be04a12" else (64, 128)
+    per_tile = 128 if heads == NUM_HEADS or (fp8_pair and heads in wide) else 16
+    return math.ceil(max_seqlen_qo * heads / per_tile)
+
+
 def metadata_info(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
                   fast_mode=True, num_kv_splits=32, intra_batch_mode=False,
                   max_split_per_batch=-1):
@@ -433,15 +518,15 @@ def metadata_info(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_
     need_int(fn, "num_kv_splits", num_kv_splits)
     need_int(fn, "max_split_per_batch", max_split_per_batch)
     expect(max_seqlen_qo == 1, f"{fn}: the double models decode (max_seqlen_qo 1) only")
-    expect(num_head_qo == NUM_HEADS, f"{fn}: num_head_qo = {num_head_qo}, expected {NUM_HEADS}")
     for name, dtype in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
         expect(isinstance(dtype, torch.dtype),
                f"{fn}: '{name}' expects a torch.dtype, got {dtype!r}")
+    planned_heads(fn, num_head_qo, q_dtype, kv_dtype)
     for name, value in (("is_sparse", is_sparse), ("fast_mode", fast_mode),
                         ("intra_batch_mode", intra_batch_mode)):
         need_bool(fn, name, value)
     expect(not is_sparse, f"{fn}: sparse attention is not modelled")
-    tiles_per_batch = math.ceil(max_seqlen_qo * num_head_qo / 128)  # aiter's rule for 16 heads
+    tiles_per_batch = info_tiles_per_batch(max_seqlen_qo, num_head_qo, q_dtype, kv_dtype)
     tile_cnt = batch_size * tiles_per_batch
     if fast_mode:
         max_work = (batch_size + NUM_CU - 1) * tiles_per_batch
@@ -557,9 +642,7 @@ def metadata_fill(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_h
     need_power_of_two(fn, "kv_granularity", kv_granularity)
     need_int(fn, "num_heads_per_head_k", num_heads_per_head_k)
     need_int(fn, "num_heads_k", num_heads_k)
-    expect(num_heads_per_head_k == NUM_HEADS and num_heads_k == 1,
-           f"{fn}: {num_heads_per_head_k} heads per kv head x {num_heads_k} kv heads, "
-           "expected 16 x 1")
+    expect(num_heads_k == 1, f"{fn}: {num_heads_k} kv heads, expected 1")
     for name, value in (("is_causal", is_causal), ("fast_mode", fast_mode),
                         ("intra_batch_mode", intra_batch_mode)):
         need_bool(fn, name, value)
@@ -571,6 +654,10 @@ def metadata_fill(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_h
     expect(topk == -1, f"{fn}: sparse attention (topk) is not modelled")
     for name, dtype in (("dtype_q", dtype_q), ("dtype_kv", dtype_kv)):
         expect(dtype is None or isinstance(dtype, torch.dtype), f"{fn}: '{name}' = {dtype!r}")
+    # aiter plans for the dtypes it is told (bf16 where none is: metadata.cu)
+    planned_heads(fn, num_heads_per_head_k, dtype_q or torch.bfloat16, dtype_kv or torch.bfloat16)
+    tiles = batch * info_tiles_per_batch(max_q, num_heads_per_head_k, dtype_q or torch.bfloat16,
+                                         dtype_kv or torch.bfloat16)
 
     # The six buffers must be what get_mla_metadata_info_v1 described for this batch.
     need_tensor(fn, "work_metadata_ptrs", work_metadata_ptrs, dtype=torch.uint64, shape=(2,))
@@ -579,9 +666,8 @@ def metadata_fill(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_h
            f"{fn}: 'work_info_set' {tuple(work_info_set.shape)} is not the info_v1 buffer "
            "(argument order: work_info_set BEFORE work_indptr)")
     need_tensor(fn, "work_indptr", work_indptr, dtype=torch.int32, shape=(NUM_CU + 1,))
-    rows = batch * max_q
-    need_tensor(fn, "reduce_indptr", reduce_indptr, dtype=torch.int32, shape=(rows + 1,))
-    need_tensor(fn, "reduce_final_map", reduce_final_map, dtype=torch.int32, shape=(rows, 2))
+    need_tensor(fn, "reduce_indptr", reduce_indptr, dtype=torch.int32, shape=(tiles + 1,))
+    need_tensor(fn, "reduce_final_map", reduce_final_map, dtype=torch.int32, shape=(tiles, 2))
     need_tensor(fn, "reduce_partial_map", reduce_partial_map, dtype=torch.int32, ndim=1)
     for name, x in (("seqlens_qo_indptr", seqlens_qo_indptr),
                     ("seqlens_kv_indptr", seqlens_kv_indptr),
@@ -601,6 +687,8 @@ def metadata_fill(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_h
                                                       max_split_per_batch)
         partial_entries = [row for rows_b in reduce_rows for row in rows_b]
     elif intra_batch_mode:
+        expect(num_heads_per_head_k == NUM_HEADS,
+               f"{fn}: the intra-batch plan is modelled at {NUM_HEADS} heads only")
         items, cu_indptr, reduce_rows = intra_batch_plan(fn, kv, kv_granularity,
                                                          max_split_per_batch, uni_seqlen_qo)
         partial_entries = [item[1] for item in items]
@@ -620,9 +708,13 @@ def metadata_fill(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_h
     ends = [0]
     for rows_b in reduce_rows:
         ends.append(ends[-1] + len(rows_b))
+    # one tile per batch is used; aiter fills the rest of reduce_indptr with its last value
+    # (v1_2_device.cuh's reduce_indptr tail) and leaves their final-map rows unwritten (-1 here)
+    ends += [ends[-1]] * (tiles - batch)
     reduce_indptr.copy_(torch.tensor(ends, dtype=torch.int32))
-    reduce_final_map.copy_(torch.tensor([[qo[b], qo[b + 1]] for b in range(batch)],
-                                        dtype=torch.int32))
+    reduce_final_map.fill_(-1)
+    reduce_final_map[:batch] = torch.tensor([[qo[b], qo[b + 1]] for b in range(batch)],
+                                            dtype=torch.int32)
     reduce_partial_map.fill_(-1)
     if partial_entries:
         reduce_partial_map[: len(partial_entries)] = torch.tensor(partial_entries,
@@ -680,21 +772,22 @@ def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_
            f"{fn}: num_kv_splits_indptr together with a work plan: aiter then runs the "
            "NON-persistent kernel and ignores the plan")
     items = _plan_of(fn, work_meta_data, work_indptr, work_info_set)
-    total_q = Q.shape[0]
-    need_tensor(fn, "output", output, dtype=torch.bfloat16, shape=(total_q, NUM_HEADS, V_HEAD_DIM))
+    total_q, heads = Q.shape[:2]
+    need_tensor(fn, "output", output, dtype=torch.bfloat16, shape=(total_q, heads, V_HEAD_DIM))
     need_tensor(fn, "splitData", splitData, dtype=torch.float32, ndim=4)
     partial_rows = splitData.shape[0]
-    need_tensor(fn, "splitData", splitData, shape=(partial_rows, 1, NUM_HEADS, V_HEAD_DIM))
+    need_tensor(fn, "splitData", splitData, shape=(partial_rows, 1, heads, V_HEAD_DIM))
     need_tensor(fn, "splitLse", splitLse, dtype=torch.float32,
-                shape=(partial_rows, 1, NUM_HEADS, 1))
-    if need_tensor(fn, "lse", lse, dtype=torch.float32, shape=(total_q, NUM_HEADS),
+                shape=(partial_rows, 1, heads, 1))
+    if need_tensor(fn, "lse", lse, dtype=torch.float32, shape=(total_q, heads),
                    optional=True):
         kernel = lse_kernel(fn, kernel, max_seqlen_q)
     # the suspected one-token-per-page reading is the fp8 q-length-1 kernel's (no paged build)
     first_only = (_page_mode == "first_token" and page_size > 1
                   and kernel in (A8W8_Q1_KERNEL, LSE_VARIANTS[A8W8_Q1_KERNEL]))
     LOG.append((fn, {"page_size": page_size, "batch": batch, "items": len(items),
-                     "first_token": first_only, "kernel": kernel}))
+                     "first_token": first_only, "kernel": kernel, "heads": heads,
+                     "lse": lse is not None}))
 
     q = dequantize(Q, q_scale)
     kv_rows = dequantize(KV, kv_scale).reshape(-1, QK_HEAD_DIM)
@@ -710,16 +803,16 @@ def stage1(Q, KV, qo_indptr, kv_indptr, kv_page_indices, kv_last_page_lens, num_
         out, row_lse = attend(q[q_start:q_end].reshape(-1, QK_HEAD_DIM), kv_rows[rows],
                               softmax_scale)
         count = q_end - q_start
-        if row < 0:
-            output[q_start:q_end] = out.reshape(count, NUM_HEADS, V_HEAD_DIM).to(output.dtype)
+        if row < 0:  # the item's output is final: stage 1 writes it (and, given one, its lse)
+            output[q_start:q_end] = out.reshape(count, heads, V_HEAD_DIM).to(output.dtype)
             if lse is not None:
-                lse[q_start:q_end] = row_lse.reshape(count, NUM_HEADS)
+                lse[q_start:q_end] = row_lse.reshape(count, heads)
         else:
             expect(row + count <= partial_rows,
                    f"{fn}: partial row {row} outside splitData ({partial_rows} rows): size it "
                    "reduce_partial_map.size(0) * max_seqlen_q")
-            splitData[row:row + count, 0] = out.reshape(count, NUM_HEADS, V_HEAD_DIM)
-            splitLse[row:row + count, 0, :, 0] = row_lse.reshape(count, NUM_HEADS)
+            splitData[row:row + count, 0] = out.reshape(count, heads, V_HEAD_DIM)
+            splitLse[row:row + count, 0, :, 0] = row_lse.reshape(count, heads)
 
 
 def lse_kernel(fn, kernel, max_seqlen_q):
@@ -742,11 +835,12 @@ def reduce(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
     fn = "mla_reduce_v1"
     CALLS[fn] += 1
     need_tensor(fn, "partial_output", partial_output, dtype=torch.float32, ndim=4)
-    partial_rows = partial_output.shape[0]
+    partial_rows, _, heads, _ = partial_output.shape
+    expect(heads in REDUCE_HEADS, f"{fn}: {heads} heads: the reduce is built for {REDUCE_HEADS}")
     need_tensor(fn, "partial_output", partial_output,
-                shape=(partial_rows, 1, NUM_HEADS, V_HEAD_DIM))
+                shape=(partial_rows, 1, heads, V_HEAD_DIM))
     need_tensor(fn, "partial_lse", partial_lse, dtype=torch.float32,
-                shape=(partial_rows, 1, NUM_HEADS, 1))
+                shape=(partial_rows, 1, heads, 1))
     need_tensor(fn, "reduce_partial_map", reduce_partial_map, dtype=torch.int32, ndim=1)
     need_int(fn, "max_seqlen_q", max_seqlen_q, 1)
     need_tensor(fn, "reduce_indptr", reduce_indptr, dtype=torch.int32, ndim=1)
@@ -756,11 +850,11 @@ def reduce(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
     if num_kv_splits is not None:  # generations from 2026-06-11: 0 = aiter decides
         need_int(fn, "num_kv_splits", num_kv_splits, 0)
     need_tensor(fn, "final_output", final_output, dtype=torch.bfloat16, ndim=3)
-    expect(tuple(final_output.shape[1:]) == (NUM_HEADS, V_HEAD_DIM),
+    expect(tuple(final_output.shape[1:]) == (heads, V_HEAD_DIM),
            f"{fn}: 'final_output' has shape {tuple(final_output.shape)}")
     need_tensor(fn, "final_lse", final_lse, dtype=torch.float32,
-                shape=(final_output.shape[0], NUM_HEADS), optional=True)
-    LOG.append((fn, {"num_kv_splits": num_kv_splits}))
+                shape=(final_output.shape[0], heads), optional=True)
+    LOG.append((fn, {"num_kv_splits": num_kv_splits, "final_lse": final_lse is not None}))
 
     ptr = reduce_indptr.tolist()
     expect(ptr[0] == 0 and ptr == sorted(ptr) and ptr[-1] <= reduce_partial_map.shape[0],
@@ -776,9 +870,9 @@ def reduce(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
         index = torch.tensor(rows, dtype=torch.long, device=partial_output.device)
         out = combine(partial_output[index, 0], partial_lse[index, 0, :, 0])
         q_start, q_end = final_rows[t]
-        rows_out = out.reshape(q_end - q_start, NUM_HEADS, V_HEAD_DIM)
+        rows_out = out.reshape(q_end - q_start, heads, V_HEAD_DIM)
         final_output[q_start:q_end] = rows_out.to(final_output.dtype)
-        if final_lse is not None:
+        if final_lse is not None:  # natural log, as reduce.cu's expf / logf
             final_lse[q_start:q_end] = torch.logsumexp(partial_lse[index, 0, :, 0], dim=0)
 
 

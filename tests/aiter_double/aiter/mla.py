@@ -37,11 +37,11 @@ def _decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_
                                            page_size, nhead_kv, sm_scale, logit_cap, q_scale,
                                            kv_scale, num_kv_splits_indptr is None)
     _double.need_tensor(fn, "reduce_partial_map", reduce_partial_map, ndim=1)
-    rows = reduce_partial_map.size(0) * max_seqlen_q
-    logits = torch.empty(rows, 1, _double.NUM_HEADS, _double.V_HEAD_DIM, dtype=torch.float32,
+    rows, heads = reduce_partial_map.size(0) * max_seqlen_q, q.shape[1]
+    logits = torch.empty(rows, 1, heads, _double.V_HEAD_DIM, dtype=torch.float32,
                          device=q.device)
-    attn_lse = torch.empty(rows, 1, _double.NUM_HEADS, 1, dtype=torch.float32, device=q.device)
-    final_lse = (torch.empty(q.shape[0], _double.NUM_HEADS, dtype=torch.float32,
+    attn_lse = torch.empty(rows, 1, heads, 1, dtype=torch.float32, device=q.device)
+    final_lse = (torch.empty(q.shape[0], heads, dtype=torch.float32,
                              device=q.device) if return_lse else None)
     stage1_names = {row[0] for row in _api.API["mla_decode_stage1_asm_fwd"]}
     extra = {name: value for name, value in (("lse", final_lse), ("causal", causal))
