@@ -2336,7 +2336,6 @@ def _mla_decode_paged_hopper_kernel(
                    SPANS, PV_F16, SHARED_MAX)
 
 
-
 @gluon.jit
 def _mla_decode_gathered_hopper_kernel(
     Q, KV, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
@@ -2360,6 +2359,7 @@ def _mla_decode_gathered_hopper_kernel(
                    stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
                    KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
                    SPANS, PV_F16, SHARED_MAX, True, KV, stride_kv_row)
+
 
 def hopper_boxes(dtype="fp8e4nv", latent_3d=False):
     """The TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: (latent box, its shared
@@ -2502,9 +2502,10 @@ def _hopper_leading_signature(dtype="fp8e4nv", latent_3d=False):
             "rope_desc": f"tensordesc<{dtype}[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32"}
 
 
-def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(64,), causal=(False, True), batch=128,
+def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(False, True), batch=128,
                               caches=("fp8e4nv", "bf16")):
-    """The serving API's Hopper kernel (sm_90 only), for a page size, causal masks on and off, an
+    """The serving API's Hopper kernels (sm_90 only), for page sizes (16: the gathered kernel, 64:
+    TMA; hopper_paged_kernel), causal masks on and off, an
     fp8 cache with a tensor k_scale and a bf16 one (only params["kv"]'s where given, as
     tools/kernel_report.py gives a serving row's), params' rows (16 where absent), warps and ring
     slots; a plan like the route tables'."""
@@ -2557,6 +2558,7 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
             "num_warps": params["num_warps"], "num_stages": 1,
         } for c in causal]
     return plan
+
 
 # =============================================================================================
 # aiter routes (MI355X)
@@ -4007,8 +4009,9 @@ def takes_span_kernel(params, batch, programs):
 
 
 def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, out, lse, workspace):
-    """The tensor arguments of the Hopper paged kernels (hopper_paged_kernel), in their order (the workspace's
-    tickets stand in for KV_SCALE where k_scale is a float or absent)."""
+    """The tensor arguments of the Hopper paged kernels (hopper_paged_kernel), in their order:
+    `descriptors` the cache's two TMA descriptors, or the cache itself for the gathered kernel (the
+    workspace's tickets stand in for KV_SCALE where k_scale is a float or absent)."""
     partial_o, partial_lse, tickets = workspace
     return (q, *descriptors, k_scale if isinstance(k_scale, torch.Tensor) else tickets, cache_seqlens, block_table,
             out, lse, partial_o, partial_lse, tickets)
@@ -4125,8 +4128,8 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
         return out, lse
     target = plan
     if plan.route["route"] == "hopper_paged" and not tma_can_read(k_cache):
-        # TMA, and the gathered kernel's 16-byte copies, read 16-byte aligned rows of whole blocks: the
-        # portable route reads any other cache
+        # TMA, and the gathered kernel's 16-byte copies, read 16-byte aligned rows of whole blocks:
+        # the portable route reads any other cache
         if plan.fallback is None:
             plan.fallback = MlaDecodePlan()
             _fill_plan(plan.fallback, plan.shape, serving_route_row(plan.shape, [

@@ -190,6 +190,17 @@ def test_the_paged_hopper_kernel_loads_a_tile_in_two_tma_copies(report):
             assert r["loads"]["loop"].get("cp.async.bulk.tensor") == copies, kr.describe_record(r)
 
 
+def test_the_gathered_hopper_kernel_copies_16_bytes_a_thread_and_no_tma(report):
+    """Pages shorter than a tile: every cache byte the gathered kernel reads comes by cp.async of 16
+    bytes (a narrower copy would multiply its instructions), none by TMA (NOTES.md h48)."""
+    records = [r for r in compiled(report, "sm90") if r["kernel"] == "_mla_decode_gathered_hopper_kernel"]
+    assert records
+    for r in records:
+        assert r["loads"]["loop"].get("cp.async 16B", 0) > 0, kr.describe_record(r)
+        assert not [k for k in r["loads"]["total"] if k.startswith("cp.async") and k != "cp.async 16B"], \
+            kr.describe_record(r)
+
+
 def test_mxfp4_route_uses_scaled_mfma_on_gfx950_where_it_asks_for_it(report):
     """qk_dot_scaled "e4m3": tl.dot_scaled in the code and v_mfma_scale in the hot loop; "none": neither."""
     mx = [r for r in compiled(report, "gfx950") if r["kv_format"] == "mxfp4"]
