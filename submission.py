@@ -1113,8 +1113,9 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
 # V^T that the fp8 wgmma takes as its A operand (4 tokens x 4 dims per thread, the bytes repacked
 # in registers), so both products are fp8 wgmma fed by TMA and nothing is copied back to shared
 # memory (h7). Off Hopper, or where Gluon does not import, the route does not exist and its table
-# rows are skipped (each is followed by a portable row). One core (_hopper_decode), two entry
-# kernels: custom_kernel's contiguous rows, and the serving API's pages (h38).
+# rows are skipped (each is followed by a portable row). One core (_hopper_decode), three entry
+# kernels: custom_kernel's contiguous rows, and the serving API's pages (h38), read by TMA where a
+# page holds whole tiles and gathered by cp.async where it does not (h48).
 # =============================================================================================
 try:
     from triton.experimental import gluon
@@ -1428,6 +1429,23 @@ def _gather_tile(KV, stride_kv_row, lat_rows, lat_read, rope_rows, rope_read, kv
                                            KV + gl.expand_dims(rope_rows.to(gl.int64) * stride_kv_row, 1) + LATENT
                                            + gl.expand_dims(rope_cols, 0),
                                            gl.expand_dims(rope_read, 1))
+
+
+@gluon.jit
+def _gather_issue(KV, stride_kv_row, BT_ROW, lat_rows, lat_read, rope_rows, rope_read, bad_rows, kv_latent, kv_rope,
+                  t, slot, kv_begin, kv_end, num_tiles, num_blocks, NUM_CHUNKS: gl.constexpr, CHUNK: gl.constexpr,
+                  LATENT: gl.constexpr, ROPE: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+                  LAT_LAYOUT: gl.constexpr, ROPE_LAYOUT: gl.constexpr):
+    """Tile t's copies (its rows from _gather_next) into ring slot `slot`, one commit group, then
+    tile t + 1's rows (_gather_next). No copy for a tile past the split (its slot is the next
+    segment's first, whose copy it would race); the group is committed all the same, so that
+    each tile's wait counts the same groups."""
+    if t < num_tiles:
+        _gather_tile(KV, stride_kv_row, lat_rows, lat_read, rope_rows, rope_read, kv_latent, kv_rope, slot,
+                     NUM_CHUNKS, CHUNK, LATENT, ROPE, LAT_LAYOUT, ROPE_LAYOUT)
+    async_copy.commit_group()
+    return _gather_next(BT_ROW, kv_begin, kv_end, t + 1, num_tiles, num_blocks, bad_rows, PAGE_SIZE, BLOCK_N,
+                        LAT_LAYOUT, ROPE_LAYOUT)
 
 
 @gluon.jit
@@ -1981,13 +1999,10 @@ def _split_tiles(
     # puts that barrier at the tile loop's exit, on every path (h35).
     for t in gl.static_range(STAGES - 1):
         if GATHER:
-            if t < num_tiles:  # no copy into a slot past the split: it would race the next segment's
-                _gather_tile(KV, stride_kv_row, lat_rows, lat_read, rope_rows, rope_read, kv_latent, kv_rope,
-                             (consumed + t) % STAGES, NUM_CHUNKS, CHUNK, LATENT, ROPE, LAT_LAYOUT, ROPE_LAYOUT)
-            async_copy.commit_group()
-            lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_next(
-                bt_row, kv_begin, kv_end, t + 1, num_tiles, num_blocks, bad_rows, PAGE_SIZE, BLOCK_N, LAT_LAYOUT,
-                ROPE_LAYOUT)
+            lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_issue(
+                KV, stride_kv_row, bt_row, lat_rows, lat_read, rope_rows, rope_read, bad_rows, kv_latent, kv_rope,
+                t, (consumed + t) % STAGES, kv_begin, kv_end, num_tiles, num_blocks, NUM_CHUNKS, CHUNK, LATENT, ROPE,
+                PAGE_SIZE, BLOCK_N, LAT_LAYOUT, ROPE_LAYOUT)
         else:
             if SERVING:
                 block = _tile_block(bt_row, kv_begin, t, num_tiles, BLOCK_N, PAGE_SIZE)
@@ -2028,13 +2043,10 @@ def _split_tiles(
             async_copy.wait_group(STAGES - 2)  # this thread's copies of tile i have landed
             fence_async_shared()  # ... and are visible to the MMAs, which read through the async proxy
             gl.thread_barrier()  # every thread's have; every warp is done with the slot the next copies fill
-            if ahead < num_tiles:
-                _gather_tile(KV, stride_kv_row, lat_rows, lat_read, rope_rows, rope_read, kv_latent, kv_rope,
-                             (consumed + ahead) % STAGES, NUM_CHUNKS, CHUNK, LATENT, ROPE, LAT_LAYOUT, ROPE_LAYOUT)
-            async_copy.commit_group()
-            lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_next(
-                bt_row, kv_begin, kv_end, ahead + 1, num_tiles, num_blocks, bad_rows, PAGE_SIZE, BLOCK_N, LAT_LAYOUT,
-                ROPE_LAYOUT)
+            lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_issue(
+                KV, stride_kv_row, bt_row, lat_rows, lat_read, rope_rows, rope_read, bad_rows, kv_latent, kv_rope,
+                ahead, (consumed + ahead) % STAGES, kv_begin, kv_end, num_tiles, num_blocks, NUM_CHUNKS, CHUNK, LATENT,
+                ROPE, PAGE_SIZE, BLOCK_N, LAT_LAYOUT, ROPE_LAYOUT)
             slot = (consumed + i) % STAGES
         else:
             gl.thread_barrier()  # every warp is done with the slot the next load overwrites
@@ -2134,8 +2146,9 @@ def _hopper_decode(
 ):
     """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; the split
     merge fused as in _mla_decode_kernel (same partials, lse and tickets; same results within
-    rounding). Both entry points: custom_kernel's contiguous rows (PAGE_SIZE 0) and the serving
-    API's pages (PAGE_SIZE 64 or 128: a tile is 64 tokens of one page).
+    rounding). Its entry points: custom_kernel's contiguous rows (PAGE_SIZE 0) and the serving
+    API's pages (PAGE_SIZE 64 or 128: a tile is 64 tokens of one page; 1 ... 32 with GATHER: a
+    tile's rows gathered a token at a time).
 
     Tile plan: one program = NUM_HEADS query rows (16; the serving API also 32 or 64) x one KV split,
     WARPS = 4 or 8 (at 8 the two warpgroups split S's query rows and P.V's latent dims). custom_kernel: grid

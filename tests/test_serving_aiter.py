@@ -161,11 +161,14 @@ def test_capabilities_are_read_from_stage_1_and_the_reduce():
 
 
 @pytest.mark.parametrize("generation", [None, "2099-01"])
-def test_without_a_known_aiter_every_case_is_triton(generation):
+def test_without_a_known_aiter_every_case_takes_the_machines_own_table(generation):
+    """No aiter route: the portable kernel, or on a Hopper GPU its kernel (any page size)."""
     mod = _load(generation).module
     assert not mod.HAVE_AITER and mod.AITER_SERVING_CAPABILITIES == frozenset()
     for kv in ("fp8", "bf16"):
-        assert _route_of(mod, kv, 16, 1) == "triton_paged"
+        for page in (1, 16, 64):
+            route = _route_of(mod, kv, 16, 1, page)
+            assert route == ("hopper_paged" if mod.HOPPER else "triton_paged"), (kv, page)
 
 
 def _aiter_cases():
