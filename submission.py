@@ -1079,8 +1079,8 @@ def triton_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(Fa
     pages of 16 (a block id per token) and 64 (one per tile), causal masks on and off, lse
     written, 2 splits, for the cache format params["kv"] (tools/kernel_report.py adds a serving
     row's "kv" to its params). AMD targets only: there these rows serve every API case aiter
-    does not; on sm_90 the API's pages of 64 and 128 take hopper_paged, and these configs spill
-    at 8 warps (up to 336 B: NOTES.md h38d)."""
+    does not; on sm_90 every page size takes hopper_paged (h48), and these configs spill at 8
+    warps (up to 336 B: NOTES.md h38d)."""
     kv = params.get("kv", "fp8")
     launch_params = {"num_splits": 2, **{name: value for name, value in params.items() if name != "kv"}}
     entries = []
