@@ -42,18 +42,18 @@ INSERTIONS = [
      "        split = pid1\n        t_start = {S}\n        c_start = {C}\n"
      "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
     # _split_tiles (the tile loop, both entry points) records its phases where given a trace slot
-    ("    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n"
-     "    PV_F16: gl.constexpr = False, exchange=None, factors=None,\n):",
-     "    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,\n"
-     "    PV_F16: gl.constexpr = False, exchange=None, factors=None, trace=None,\n):"),
+    ("    PV_F16: gl.constexpr = False, exchange=None, factors=None, GATHER: gl.constexpr = False, KV=None,\n"
+     "    stride_kv_row=0,\n):",
+     "    PV_F16: gl.constexpr = False, exchange=None, factors=None, GATHER: gl.constexpr = False, KV=None,\n"
+     "    stride_kv_row=0, trace=None,\n):"),
     ("            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n",
      "            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n"
      "    t_prologue = {S}\n"
      "    wait_cycles = t_prologue * 0\n    s_cycles = t_prologue * 0\n    softmax_cycles = t_prologue * 0\n"
      "    pv_cycles = t_prologue * 0\n"),
-    ("        mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)\n",
-     "        c0 = {C}\n        mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)\n        c1 = {C}\n"
-     "        wait_cycles += c1 - c0\n"),
+    ("            mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)\n",
+     "            c0 = {C}\n            mbarrier.wait(loaded.index(slot), ((consumed + i) // STAGES) & 1)\n"
+     "            c1 = {C}\n            wait_cycles += c1 - c0\n"),
     ("        positions = kv_begin + i * BLOCK_N + tokens\n",
      "        c2 = {C}\n        s_cycles += c2 - c1\n"
      "        positions = kv_begin + i * BLOCK_N + tokens\n"),
