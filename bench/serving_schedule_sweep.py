@@ -12,13 +12,14 @@ setting's on the same inputs (rel. L2 of out over the attended rows, max |lse| d
 over other rows, which alone differs by about the fp8 rounding of q). Needs a Hopper GPU (the route
 exists only there).
 
-Cases (128 requests, lengths normal around s_k with spread s_k / 2, 64-token pages; causal for
-s_q 2): grid A: 128 heads, s_q 1 and 2, each --s-k; grid B: 16 heads, the same; grid C: the
-leaderboard's 8 uniform shapes (16 heads, s_q 1) as a paged cache.
+Cases (128 requests, lengths normal around s_k with spread s_k / 2, pages of --page tokens: 64, or
+below 64 the gathered kernel, NOTES.md h48; causal for s_q 2): grid A: 128 heads, s_q 1 and 2,
+each --s-k; grid B: 16 heads, the same; grid C: the leaderboard's 8 uniform shapes (16 heads,
+s_q 1) as a paged cache.
 
     python bench/serving_schedule_sweep.py [--rows table:16,4,2:32,8,3] [--configs 1,256,16,0:1,256,16,1]
                                            [--grids A,B,C] [--s-k 4096,16384] [--kv fp8|bf16]
-                                           [--repeats 10] [--json PATH]
+                                           [--page 64] [--repeats 10] [--json PATH]
 e.g. the 32-row row against the 16-row one on grids A and B:
     python bench/serving_schedule_sweep.py --rows 16,4,2:32,8,2:32,8,3 --configs 1,256,16 --grids A,B
 """
@@ -87,7 +88,7 @@ def forced_row(shape, row_config, schedule):
     params.update(waves=schedule[0], min_chunk=schedule[1])
     if len(schedule) > 3:  # 1: the span schedule (one span of the batch's tiles per program), 0: chunks
         params.update(spans=bool(schedule[3]))
-    return {"kv": kv, "pages": (64, 128), "route": "hopper_paged", "params": params}
+    return {"kv": kv, "pages": submission.SERVING_PAGE_SIZES, "route": "hopper_paged", "params": params}
 
 
 def differences(out, lse, first_out, first_lse):
@@ -130,6 +131,7 @@ def main():
     parser.add_argument("--s-k", default="4096,16384", help="mean lengths of grids A and B, comma-separated")
     parser.add_argument("--kv", default="fp8", choices=("fp8", "bf16"),
                         help="the cache: FlashMLA's bf16 inputs, or their fp8 copy (per-tensor scale)")
+    parser.add_argument("--page", type=int, default=64, help="page size (below 64: the gathered kernel)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -140,13 +142,14 @@ def main():
     flush = utils.L2Flusher("default")
     results = []
     for grid, batch, s_q, h_q, s_k, varlen in cases(args.grids.split(","), [int(v) for v in args.s_k.split(",")]):
-        case = reference.generate_serving_input(batch, s_q, h_q, 64, s_k, 1, varlen=varlen, causal=s_q > 1,
+        case = reference.generate_serving_input(batch, s_q, h_q, args.page, s_k, 1, varlen=varlen, causal=s_q > 1,
                                                 kv="bf16", device="cuda")
         cache, scale = (fp8_copy(case.k_cache) if args.kv == "fp8" else (case.k_cache, None))
         case.k_cache = None
         timed = time_settings(case, cache, scale, s_q, settings, flush, args.repeats)
         for (row_config, schedule), label, (median, rel, lse_diff) in zip(settings, labels, timed, strict=True):
             results.append({"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "kv": args.kv,
+                            "page": args.page,
                             "setting": label, "rows": row_config and row_config[0],
                             "num_warps": row_config and row_config[1], "num_stages": row_config and row_config[2],
                             "waves": schedule[0], "min_chunk": schedule[1], "max_splits": schedule[2],
