@@ -356,6 +356,33 @@ def test_serving_route_row_follows_the_table(monkeypatch, shape, hopper, route):
     assert submission.serving_route_row(shape)["route"] == route
 
 
+@pytest.mark.parametrize("page", [16, 64])
+def test_a_hopper_plan_reads_a_cache_neither_tma_nor_gathers_can_on_the_portable_kernel(monkeypatch, page):
+    """A Hopper plan (either kernel: TMA at pages of 64, cp.async gathers below) called with a
+    cache whose rows are not 16-byte aligned runs that call on the portable kernel, and is right
+    (its rows 8 bytes into padded ones; no Hopper launch, on the CPU or on a GPU)."""
+    launched = []
+    real_launch = submission.launch
+
+    def recording_launch(kernel, *args, **kwargs):
+        launched.append(kernel)
+        return real_launch(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(submission, "launch", recording_launch)
+    monkeypatch.setattr(submission, "SERVING_ROUTES", {"triton_paged", "hopper_paged"})
+    case = make_case(2, 1, 16, page, [70, 33], kv="fp8", seed=43)
+    cache = case["k_cache"]
+    padded = torch.zeros(*cache.shape[:-1], 576 + 16, dtype=torch.uint8, device=DEVICE).view(cache.dtype)
+    shifted = padded[..., 8:8 + 576]
+    shifted.copy_(cache)
+    assert submission.tma_can_read(cache) and not submission.tma_can_read(shifted)
+    plan = submission.get_mla_decode_metadata()[0]
+    plan.num_splits = 2  # no GPU to count the SMs of (the fallback plan counts its own)
+    out, lse = run(dict(case, k_cache=shifted), plan=plan)
+    assert plan.route["route"] == "hopper_paged" and launched == [submission._mla_decode_kernel]
+    assert_right(case, out, lse, kv="fp8")
+
+
 @pytest.mark.parametrize("route,page", [("triton_paged", 64), ("hopper_paged", 64), ("hopper_paged", 16)])
 def test_a_signatures_direct_launch_repeats_its_first_launch(monkeypatch, route, page):
     """The launch a plan records per signature (Triton's launcher straight from the plan, as on a
