@@ -2235,11 +2235,8 @@ def _hopper_decode(
 
     kv_latent = gl.allocate_shared_memory(KV_DTYPE, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], KV_DTYPE))
-    if GATHER:  # the layout the rope descriptor has where TMA reads the cache (hopper_boxes)
-        kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE],
-                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], KV_DTYPE))
-    else:
-        kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE], rope_desc.layout)
+    kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE],  # the rope box's (hopper_boxes)
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE], KV_DTYPE))
     loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for ring_slot in gl.static_range(STAGES):
         mbarrier.init(loaded.index(ring_slot), count=1)
@@ -2362,8 +2359,9 @@ def _mla_decode_gathered_hopper_kernel(
     SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
 ):
     """_mla_decode_paged_hopper_kernel for pages shorter than a tile (PAGE_SIZE 1 ... 32): the cache
-    KV (blocks, PAGE_SIZE, 1, 576) read a row per token by cp.async (GATHER in _split_tiles), any
-    strides of 16-byte multiples."""
+    KV (blocks, PAGE_SIZE, 1, 576) read a row per token by cp.async (GATHER in _split_tiles), as
+    blocks x PAGE_SIZE rows stride_kv_row apart (a 16-byte multiple; blocks back to back:
+    tma_can_read)."""
     gl.static_assert(PAGE_SIZE < BLOCK_N, "pages of whole tiles take the TMA kernel")
     _hopper_decode(Q, None, None, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
                    PARTIAL_LSE, SPLIT_TICKETS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
@@ -2530,8 +2528,8 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(Fa
 
 
 def _hopper_paged_signature(cache, page):
-    """The paged kernel's signature (pages of whole tiles: TMA descriptors), or the gathered one's."""
-    if page < 64:
+    """The signature of hopper_paged_kernel(page): TMA descriptors, or the cache and its row stride."""
+    if hopper_paged_kernel(page) is _mla_decode_gathered_hopper_kernel:
         leading = {"Q": "*bf16", "KV": f"*{cache}", "KV_SCALE": "*fp32"}
         gathered = ("stride_kv_row",)
     else:
