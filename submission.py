@@ -1206,14 +1206,74 @@ def _rows_to_dims_order(warps):
     rows_of_dim = {d: i for i, d in enumerate(_DIM_BIT[warps])}
     return tuple([6 - rows_of_dim[j] for j in range(6, -1, -1)] + [7])
 
+@_constexpr_function
+def _v_word_layout(warps):
+    """_v_operand_load_layout(warps, 2) over (64 tokens x words) of the latent dims a thread
+    holds in registers (2 at 8 warps, 4 at 4: the lowest dim bits), token bit 0 the first
+    register basis (_v_f16 splits the tokens' pairs off)."""
+    full = _v_operand_load_layout(warps, 2)
+    inner = 1 if warps == 8 else 3  # the dim bits inside a word
+    shift = inner.bit_length()
+    word = lambda bases: [[t, d >> shift] for t, d in bases if d == 0 or d > inner]  # noqa: E731
+    return gl.DistributedLinearLayout(word(full.reg_bases), word(full.lane_bases), word(full.warp_bases), [],
+                                      [64, HOPPER_CHUNK >> shift])
+
+
+# fp8 -> f16 of a V chunk's token pairs (_v_f16): the two tokens' words (dims d, d + 1 [, d + 2,
+# d + 3] of token 2i and of 2i + 1) byte-interleaved by one prmt per 2 dims, then one cvt per dim:
+# the f16 pair (token 2i, 2i + 1) of each dim, as the MMA's k_width 2 fragment holds it; by warps:
+# (asm, constraints)
+_V_F16_ASM = {
+    8: ("{ .reg .b32 w, p; .reg .b16 l, h; mov.b32 w, {$4, $5}; prmt.b32 p, w, 0, 0x3120; mov.b32 {l, h}, p; "
+        "cvt.rn.f16x2.e4m3x2 w, l; mov.b32 {$0, $1}, w; cvt.rn.f16x2.e4m3x2 w, h; mov.b32 {$2, $3}, w; }",
+        "=h,=h,=h,=h,h,h"),
+    4: ("{ .reg .b32 w, p, q; .reg .b16 l, h; prmt.b32 p, $8, $9, 0x5140; prmt.b32 q, $8, $9, 0x7362; "
+        "mov.b32 {l, h}, p; cvt.rn.f16x2.e4m3x2 w, l; mov.b32 {$0, $1}, w; cvt.rn.f16x2.e4m3x2 w, h; "
+        "mov.b32 {$2, $3}, w; mov.b32 {l, h}, q; cvt.rn.f16x2.e4m3x2 w, l; mov.b32 {$4, $5}, w; "
+        "cvt.rn.f16x2.e4m3x2 w, h; mov.b32 {$6, $7}, w; }",
+        "=h,=h,=h,=h,=h,=h,=h,=h,r,r"),
+}
+
+
+@_constexpr_function
+def _v_f16_asm(warps, part):
+    return _V_F16_ASM[warps][part]
+
+
+@gluon.jit
+def _v_f16(kv_chunk, WARPS: gl.constexpr):
+    """A V chunk (64 tokens x 128 fp8 dims) in _v_operand_load_layout(WARPS, 2), converted exactly
+    to f16: read as words of the dims a thread holds (16-bit at 8 warps, 32-bit at 4), each pair
+    of tokens repacked and converted by _V_F16_ASM: one prmt per two cvt, where the element-wise
+    conversion compiled to one or more per cvt (and, at 8 warps, 16-bit loads where ldmatrix now
+    reads 8 rows at a time; NOTES.md h49)."""
+    WORD_DIMS: gl.constexpr = 2 if WARPS == 8 else 4
+    WORD: gl.constexpr = gl.int16 if WARPS == 8 else gl.int32
+    CHUNK: gl.constexpr = kv_chunk.shape[1]
+    W: gl.constexpr = CHUNK // WORD_DIMS
+    words = kv_chunk._reinterpret(WORD, [64, W], gl.NVMMASharedLayout.get_default_for([64, W], WORD))
+    even, odd = gl.split(gl.permute(gl.reshape(words.load(_v_word_layout(WARPS)), [32, 2, W]), (0, 2, 1)))
+    f = gl.inline_asm_elementwise(_v_f16_asm(WARPS, 0), _v_f16_asm(WARPS, 1), [even, odd],
+                                  (gl.float16,) * (2 * WORD_DIMS), True, 1)
+    if WARPS == 8:  # (token pairs, words, token bit 0, dim bit 0)
+        v = gl.join(gl.join(f[0], f[1]), gl.join(f[2], f[3]))
+        v = gl.permute(v, (0, 2, 1, 3))
+    else:  # (token pairs, words, token bit 0, dim bit 0, dim bit 1)
+        v = gl.join(gl.join(gl.join(f[0], f[1]), gl.join(f[2], f[3])),
+                    gl.join(gl.join(f[4], f[5]), gl.join(f[6], f[7])))
+        v = gl.permute(v, (0, 2, 1, 4, 3))
+    return gl.convert_layout(gl.reshape(v, [64, CHUNK]), _v_operand_load_layout(WARPS, 2))
+
+
 @gluon.jit
 def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: gl.constexpr,
               CHUNK: gl.constexpr, K_WIDTH: gl.constexpr = 4):
     """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously; K_WIDTH 2:
-    V converted to f16 (exact) for an f16 product with P^T in f16."""
-    v = kv_chunk.load(_v_operand_load_layout(WARPS, K_WIDTH))
+    V converted to f16 (exact, _v_f16) for an f16 product with P^T in f16."""
     if K_WIDTH == 2:
-        v = v.to(gl.float16)
+        v = _v_f16(kv_chunk, WARPS)
+    else:
+        v = kv_chunk.load(_v_operand_load_layout(WARPS, K_WIDTH))
     bits = gl.reshape(v, [2] * 13)
     v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS, K_WIDTH).value), [CHUNK, 64])
     v_t = gl.convert_layout(v_t, gl.DotOperandLayout(0, O_MMA, K_WIDTH))
@@ -3732,6 +3792,9 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 SERVING_ROUTE_TABLE = [
     {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
      "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "pv_f16": True, "shared_max": True}},
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
                 "pv_f16": True, "shared_max": True}},
     {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},

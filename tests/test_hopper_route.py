@@ -404,12 +404,12 @@ def _serving_row(shape, monkeypatch):
 def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wide):
     """A bf16 plan with fewer than 32 query rows (s_q x h_q) takes the 16-row Hopper row; 32 or
     more the row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows).
-    fp8 plans take 16 rows below 64 (32 rows measured no faster: NOTES.md h40, h43) and 64 rows at
-    8 warps with P.V in f16 from 64 on; every fp8 row's P.V is f16 on the serving API."""
+    fp8 plans take 16 rows below 32, 32 rows at 8 warps from 32 (B at two query tokens: NOTES.md
+    h49) and 64 rows at 8 warps from 64 on; every fp8 row's P.V is f16 on the serving API."""
     if kv == "bf16":
         rows = 32 if wide else 16
     else:
-        rows = 64 if s_q * h_q >= 64 else 16
+        rows = 64 if s_q * h_q >= 64 else 32 if wide else 16
     row = _serving_row((128, s_q, h_q, 64, kv, s_q > 1), monkeypatch)
     assert row["route"] == "hopper_paged" and row["kv"] == kv
     assert submission.route_rows(row) == rows and s_q * h_q >= row.get("min_rows", 0)
@@ -440,8 +440,8 @@ def test_residency_and_shared_bound_take_the_rows():
 
 
 @pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 64, 8),
-                                                   ("fp8", 2, 24, 16, 4), ("bf16", 1, 128, 32, 8),
-                                                   ("bf16", 2, 8, 16, 4)])
+                                                   ("fp8", 2, 24, 32, 8), ("fp8", 3, 8, 16, 4),
+                                                   ("bf16", 1, 128, 32, 8), ("bf16", 2, 8, 16, 4)])
 def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_q, rows, warps):
     """_fill_plan cuts s_q x h_q into cdiv(s_q x h_q, rows) groups, aims for one chunk per program
     slot (132 SMs x programs per SM), and sizes the partials (slots, 512, rows) and their lse
