@@ -1237,6 +1237,7 @@ _V_F16_ASM = {
 
 @_constexpr_function
 def _v_f16_asm(warps, part):
+    """_V_F16_ASM's asm (part 0) or constraints (part 1) at `warps` warps."""
     return _V_F16_ASM[warps][part]
 
 
@@ -1246,7 +1247,7 @@ def _v_f16(kv_chunk, WARPS: gl.constexpr):
     to f16: read as words of the dims a thread holds (16-bit at 8 warps, 32-bit at 4), each pair
     of tokens repacked and converted by _V_F16_ASM: one prmt per two cvt, where the element-wise
     conversion compiled to one or more per cvt (and, at 8 warps, 16-bit loads where ldmatrix now
-    reads 8 rows at a time; NOTES.md h49)."""
+    reads 8 rows at a time; NOTES.md h49a)."""
     WORD_DIMS: gl.constexpr = 2 if WARPS == 8 else 4
     WORD: gl.constexpr = gl.int16 if WARPS == 8 else gl.int32
     CHUNK: gl.constexpr = kv_chunk.shape[1]
@@ -3781,10 +3782,12 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x
 # the 16-row row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted
 # exactly in registers, P in f16, half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64
-# rows and 8 warps (grid A 1.40x the 16-row row: 990 against 1386 us), the rest at 16 rows and 4
-# warps (C 1.03x, B even, no spills in the span kernel's tile loops; NOTES.md h43). Not 32 rows
-# for fp8: at 8 warps even with B at two query tokens (h43), 0.78x with P_hi / P_lo (h40); at 4
-# warps its f16 accumulators spill. Everything else: the portable kernel (NOTES.md h36, h38).
+# rows and 8 warps (grid A 1.40x the 16-row row: 990 against 1386 us), 32 to 63 rows at 32 rows
+# and 8 warps (B at two query tokens 1.04x / 1.08x at 4k / 16k with V converted as packed words:
+# NOTES.md h49c; even before them, h43), the rest at 16 rows and 4 warps (C 1.03x, B even, no
+# spills in the span kernel's tile loops; NOTES.md h43). Not 32 rows at 4 warps (its f16
+# accumulators spill), nor fp8 P_hi / P_lo at 32 rows (0.78x, h40). Everything else: the portable
+# kernel (NOTES.md h36, h38).
 # num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory. Not here:
 # bf16 at 32 rows and 4 warps (spills 128 B), at 64 rows and 8 warps (240 KiB of shared memory).
 # "shared_max" (P^T in 16 bits, two warpgroups): the row max and the rescale factors through

@@ -405,7 +405,7 @@ def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wid
     """A bf16 plan with fewer than 32 query rows (s_q x h_q) takes the 16-row Hopper row; 32 or
     more the row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows).
     fp8 plans take 16 rows below 32, 32 rows at 8 warps from 32 (B at two query tokens: NOTES.md
-    h49) and 64 rows at 8 warps from 64 on; every fp8 row's P.V is f16 on the serving API."""
+    h49c) and 64 rows at 8 warps from 64 on; every fp8 row's P.V is f16 on the serving API."""
     if kv == "bf16":
         rows = 32 if wide else 16
     else:
