@@ -215,6 +215,26 @@ def test_v_chunk_load_relabelled_is_the_wgmma_a_fragment(warps, k_width):
 
 @pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
 @pytest.mark.parametrize("warps", (4, 8))
+def test_v_words_are_the_f16_load_layout_without_the_dims_inside_a_word(warps):
+    """_v_f16 reads V as words of the dims a thread holds (2 at 8 warps, 4 at 4) in _v_word_layout,
+    which must be the k_width 2 load layout with those dims folded into the word: the same lanes
+    and warps, the same registers but those dims, and token bit 0 the first register basis (the
+    split of each token pair stays in the thread). Then joining the converted halves back gives
+    the load layout, and the conversion to the MMA's fragment moves no data (NOTES.md h49a)."""
+    full = submission._v_operand_load_layout(warps, 2)
+    words = submission._v_word_layout(warps)
+    inner = [[0, 1]] if warps == 8 else [[0, 1], [0, 2]]  # (token, dim) bases inside a word
+    shift = len(inner)
+    assert all(b in full.reg_bases for b in inner)
+    assert words.reg_bases[0] == [1, 0]
+    unfold = lambda bases: [[t, d << shift] for t, d in bases]  # noqa: E731
+    assert unfold(words.lane_bases) == full.lane_bases and unfold(words.warp_bases) == full.warp_bases
+    assert sorted(unfold(words.reg_bases)) == sorted(b for b in full.reg_bases if b not in inner)
+    assert list(words.shape) == [64, 128 >> shift]
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
+@pytest.mark.parametrize("warps", (4, 8))
 def test_p_order_and_output_rows_match_the_v_relabelling(warps):
     """P^T's k order is V's token order (the product sums matching tokens), and _rows_to_dims
     puts output row r back at latent dim d(r); the output layout stores 4 (2) consecutive dims."""
