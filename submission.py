@@ -1207,12 +1207,22 @@ def _rows_to_dims_order(warps):
     return tuple([6 - rows_of_dim[j] for j in range(6, -1, -1)] + [7])
 
 @_constexpr_function
+def _v_word_dims(warps):
+    """The consecutive latent dims a thread holds of each token in _v_operand_load_layout(warps, 2)
+    (its first register bases are dim bits 0, 1, ...): the word _v_f16 reads (2 at 8 warps, 4 at 4)."""
+    regs = _v_operand_load_layout(warps, 2).reg_bases
+    bits = 0
+    while bits < len(regs) and regs[bits] == [0, 1 << bits]:
+        bits += 1
+    return 1 << bits
+
+
+@_constexpr_function
 def _v_word_layout(warps):
-    """_v_operand_load_layout(warps, 2) over (64 tokens x words) of the latent dims a thread
-    holds in registers (2 at 8 warps, 4 at 4: the lowest dim bits), token bit 0 the first
-    register basis (_v_f16 splits the tokens' pairs off)."""
+    """_v_operand_load_layout(warps, 2) over (64 tokens x words) of _v_word_dims(warps) dims, token
+    bit 0 the first register basis (_v_f16 splits the tokens' pairs off)."""
     full = _v_operand_load_layout(warps, 2)
-    inner = 1 if warps == 8 else 3  # the dim bits inside a word
+    inner = _v_word_dims(warps) - 1  # the dim bits inside a word
     shift = inner.bit_length()
     word = lambda bases: [[t, d >> shift] for t, d in bases if d == 0 or d > inner]  # noqa: E731
     return gl.DistributedLinearLayout(word(full.reg_bases), word(full.lane_bases), word(full.warp_bases), [],
@@ -1221,10 +1231,10 @@ def _v_word_layout(warps):
 
 # fp8 -> f16 of a V chunk's token pairs (_v_f16): the two tokens' words (dims d, d + 1 [, d + 2,
 # d + 3] of token 2i and of 2i + 1) byte-interleaved by one prmt per 2 dims, then one cvt per dim:
-# the f16 pair (token 2i, 2i + 1) of each dim, as the MMA's k_width 2 fragment holds it; by warps:
-# (asm, constraints)
+# the f16 pair (token 2i, 2i + 1) of each dim, as the MMA's k_width 2 fragment holds it; by dims
+# in a word (_v_word_dims): (asm, constraints)
 _V_F16_ASM = {
-    8: ("{ .reg .b32 w, p; .reg .b16 l, h; mov.b32 w, {$4, $5}; prmt.b32 p, w, 0, 0x3120; mov.b32 {l, h}, p; "
+    2: ("{ .reg .b32 w, p; .reg .b16 l, h; mov.b32 w, {$4, $5}; prmt.b32 p, w, 0, 0x3120; mov.b32 {l, h}, p; "
         "cvt.rn.f16x2.e4m3x2 w, l; mov.b32 {$0, $1}, w; cvt.rn.f16x2.e4m3x2 w, h; mov.b32 {$2, $3}, w; }",
         "=h,=h,=h,=h,h,h"),
     4: ("{ .reg .b32 w, p, q; .reg .b16 l, h; prmt.b32 p, $8, $9, 0x5140; prmt.b32 q, $8, $9, 0x7362; "
@@ -1236,9 +1246,9 @@ _V_F16_ASM = {
 
 
 @_constexpr_function
-def _v_f16_asm(warps, part):
-    """_V_F16_ASM's asm (part 0) or constraints (part 1) at `warps` warps."""
-    return _V_F16_ASM[warps][part]
+def _v_f16_asm(word_dims, part):
+    """_V_F16_ASM's asm (part 0) or constraints (part 1) for words of `word_dims` dims."""
+    return _V_F16_ASM[word_dims][part]
 
 
 @gluon.jit
@@ -1248,15 +1258,15 @@ def _v_f16(kv_chunk, WARPS: gl.constexpr):
     of tokens repacked and converted by _V_F16_ASM: one prmt per two cvt, where the element-wise
     conversion compiled to one or more per cvt (and, at 8 warps, 16-bit loads where ldmatrix now
     reads 8 rows at a time; NOTES.md h49a)."""
-    WORD_DIMS: gl.constexpr = 2 if WARPS == 8 else 4
-    WORD: gl.constexpr = gl.int16 if WARPS == 8 else gl.int32
+    WORD_DIMS: gl.constexpr = _v_word_dims(WARPS)
+    WORD: gl.constexpr = gl.int16 if WORD_DIMS == 2 else gl.int32
     CHUNK: gl.constexpr = kv_chunk.shape[1]
     W: gl.constexpr = CHUNK // WORD_DIMS
     words = kv_chunk._reinterpret(WORD, [64, W], gl.NVMMASharedLayout.get_default_for([64, W], WORD))
     even, odd = gl.split(gl.permute(gl.reshape(words.load(_v_word_layout(WARPS)), [32, 2, W]), (0, 2, 1)))
-    f = gl.inline_asm_elementwise(_v_f16_asm(WARPS, 0), _v_f16_asm(WARPS, 1), [even, odd],
+    f = gl.inline_asm_elementwise(_v_f16_asm(WORD_DIMS, 0), _v_f16_asm(WORD_DIMS, 1), [even, odd],
                                   (gl.float16,) * (2 * WORD_DIMS), True, 1)
-    if WARPS == 8:  # (token pairs, words, token bit 0, dim bit 0)
+    if WORD_DIMS == 2:  # (token pairs, words, token bit 0, dim bit 0)
         v = gl.join(gl.join(f[0], f[1]), gl.join(f[2], f[3]))
         v = gl.permute(v, (0, 2, 1, 3))
     else:  # (token pairs, words, token bit 0, dim bit 0, dim bit 1)
