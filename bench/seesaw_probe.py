@@ -34,6 +34,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import submission as S  # noqa: E402
+import utils  # noqa: E402
+from serving_peers import kernel_times, load_flashmla  # noqa: E402
 from submission import gl, gluon  # noqa: E402
 
 if S.HAVE_GLUON:
@@ -76,6 +78,22 @@ def _sw_pv(kv_latent, slot, p_buf, acc0, acc1, c_buf, WG: gl.constexpr, O_MMA: g
 
 
 @gluon.jit
+def _sw_pv_first(kv_latent, kv_rope, q_latent, q_rope, loaded, slot, p_buf, c_buf, acc0, acc1, t_next, num_tiles,
+                 s_next, WG: gl.constexpr, S_L: gl.constexpr, O_MMA: gl.constexpr, STAGES: gl.constexpr,
+                 EARLY_S: gl.constexpr):
+    """The pair's first P.V, waited for; with EARLY_S this warpgroup's next S (tile t_next) is issued
+    behind it and left in flight. Returns (acc0, acc1, the next S or s_next as it came)."""
+    acc0, acc1 = _sw_pv_issue(kv_latent, slot, p_buf, acc0, acc1, c_buf, WG, O_MMA)
+    if EARLY_S:
+        mbarrier.wait(loaded.index(t_next % STAGES), (t_next // STAGES) & 1, pred=t_next < num_tiles)
+        s_next = _sw_issue(kv_latent, kv_rope, q_latent, q_rope, t_next % STAGES, S_L)
+        acc0, acc1 = warpgroup_mma_wait(5, deps=(acc0, acc1))
+    else:
+        acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+    return acc0, acc1, s_next
+
+
+@gluon.jit
 def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_smem, loaded, free, pub, done, fin,
                 OUT, LSE, row0, score_scale, seq_len, num_pairs, lat_desc, rope_desc, kv_row0,
                 STAGES: gl.constexpr, WG: gl.constexpr, EARLY_S: gl.constexpr, LOADER: gl.constexpr):
@@ -95,6 +113,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
     l_run = gl.zeros([64], gl.float32, layout=S_ROW)
     tokens = gl.arange(0, 64, layout=gl.SliceLayout(0, S_L))
     num_tiles = 2 * num_pairs
+    s_next = 0  # with EARLY_S, this warpgroup's next S in flight
     if EARLY_S:
         mbarrier.wait(loaded.index(WG % STAGES), (WG // STAGES) & 1, pred=WG < num_tiles)
         s_next = _sw_issue(kv_latent, kv_rope, q_latent, q_rope, WG % STAGES, S_L)
@@ -102,7 +121,6 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
         t_own = 2 * j + WG
         slot_own = t_own % STAGES
         t_next = t_own + 2
-        slot_next = t_next % STAGES
         if EARLY_S:
             s = warpgroup_mma_wait(0, deps=(s_next,))
         else:
@@ -127,14 +145,9 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
         p_sum = gl.sum(p, 1)
         if WG == 0:
             l_run = l_run * c_own + p_sum
-            acc0, acc1 = _sw_pv_issue(kv_latent, slot_own, p_smem.index(0), acc0, acc1, c_smem.slice(0, 64), WG,
-                                      O_MMA)
-            if EARLY_S:
-                mbarrier.wait(loaded.index(slot_next), (t_next // STAGES) & 1, pred=t_next < num_tiles)
-                s_next = _sw_issue(kv_latent, kv_rope, q_latent, q_rope, slot_next, S_L)
-                acc0, acc1 = warpgroup_mma_wait(5, deps=(acc0, acc1))
-            else:
-                acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+            acc0, acc1, s_next = _sw_pv_first(kv_latent, kv_rope, q_latent, q_rope, loaded, slot_own, p_smem.index(0),
+                                              c_smem.slice(0, 64), acc0, acc1, t_next, num_tiles, s_next, WG, S_L,
+                                              O_MMA, STAGES, EARLY_S)
             gl.thread_barrier()
             mbarrier.arrive(free.index(slot_own), count=1)
             mbarrier.wait(pub.index(1), j & 1)
@@ -151,14 +164,9 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
         else:
             slot_other = (2 * j) % STAGES
             l_run = l_run * c_smem.slice(0, 64).load(S_ROW)
-            acc0, acc1 = _sw_pv_issue(kv_latent, slot_other, p_smem.index(0), acc0, acc1, c_smem.slice(0, 64), WG,
-                                      O_MMA)
-            if EARLY_S:
-                mbarrier.wait(loaded.index(slot_next), (t_next // STAGES) & 1, pred=t_next < num_tiles)
-                s_next = _sw_issue(kv_latent, kv_rope, q_latent, q_rope, slot_next, S_L)
-                acc0, acc1 = warpgroup_mma_wait(5, deps=(acc0, acc1))
-            else:
-                acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+            acc0, acc1, s_next = _sw_pv_first(kv_latent, kv_rope, q_latent, q_rope, loaded, slot_other,
+                                              p_smem.index(0), c_smem.slice(0, 64), acc0, acc1, t_next, num_tiles,
+                                              s_next, WG, S_L, O_MMA, STAGES, EARLY_S)
             gl.thread_barrier()
             mbarrier.arrive(free.index(slot_other), count=1)
             mbarrier.arrive(done.index(0), count=1)
@@ -345,20 +353,6 @@ def reference(q, kv, seq_len, sm_scale):
     return torch.einsum("bhn,bnd->bhd", torch.softmax(s, -1), k[..., :512]), torch.logsumexp(s, -1)
 
 
-def event_time(fn, flush, repeats=20):
-    """Median us of one call after an L2 flush, CUDA events (as the runner times)."""
-    times = []
-    for _ in range(repeats):
-        flush.zero_()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end) * 1000)
-    return sorted(times)[len(times) // 2]
-
-
 def back_to_back(fn, calls=10):
     """us per call of `calls` calls in a row (kernel time without the host's: these shapes take
     longer on the GPU than a call takes on the host)."""
@@ -384,11 +378,8 @@ def run(args):
         print(f"right b{batch} h{heads} L{seq_len}: out rel L2 {((out.double() - exact).norm() / exact.norm()):.3e} "
               f"(zeros: 1), lse max abs {(lse.double() - exact_lse).abs().max():.3e}, "
               f"finite {bool(torch.isfinite(out).all())}", flush=True)
-    flashmla = None
-    if args.flashmla:
-        import serving_peers
-        flashmla = serving_peers.load_flashmla(args.flashmla)
-    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    flashmla = load_flashmla(args.flashmla) if args.flashmla else None
+    flush = utils.L2Flusher("default")
     for batch, heads, seq_len in ((128, 128, 4096), (128, 128, 8192), (64, 128, 16384), (128, 64, 8192)):
         time_shape(batch, heads, seq_len, sm_scale, options, flashmla, flush)
 
@@ -410,7 +401,7 @@ def time_shape(batch, heads, seq_len, sm_scale, options, flashmla, flush):
         calls["FlashMLA bf16"] = lambda: flashmla.flash_mla_with_kvcache(q4, pages16, table, lens, 512, meta)
     outs = {name: fn()[0].float().reshape(batch, heads, 512) for name, fn in calls.items()}
     flops = 2 * batch * heads * seq_len * (576 + 512)
-    times = {name: (event_time(fn, flush), back_to_back(fn)) for name, fn in calls.items()}
+    times = {name: (kernel_times(fn, 20, flush)[0], back_to_back(fn)) for name, fn in calls.items()}
     print(f"b{batch} h{heads} L{seq_len}: seesaw out vs product rel L2 "
           f"{((outs['seesaw'] - outs['product']).norm() / outs['product'].norm()):.2e}", flush=True)
     for name, (flushed, streamed) in times.items():
