@@ -39,7 +39,9 @@ from serving_peers import kernel_times, load_flashmla  # noqa: E402
 from submission import gl, gluon  # noqa: E402
 
 if S.HAVE_GLUON:
-    from submission import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from submission import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+    TILE_BYTES = gl.constexpr(64 * 576)  # a ring slot's bytes: 64 tokens of the fp8 cache (submission._load_tile)
 
 
 @gluon.jit
@@ -202,7 +204,8 @@ def _sw_loader(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, kv_row0, n
     for t in range(STAGES, num_tiles):  # the first STAGES tiles: the parent's
         slot = t % STAGES
         mbarrier.wait(free.index(slot), ((t // STAGES) - 1) & 1)
-        _sw_load(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(slot), slot, kv_row0 + t * 64, True)
+        S._load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(slot), slot, kv_row0 + t * 64, True,
+                     TILE_BYTES, 4, 128, 512)
 
 
 @gluon.jit
@@ -211,16 +214,8 @@ def _sw_refill(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, kv_row0, t
     slot = t % STAGES
     more = t + STAGES < num_tiles
     mbarrier.wait(free.index(slot), (t // STAGES) & 1, pred=more)
-    _sw_load(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(slot), slot, kv_row0 + (t + STAGES) * 64, more)
-
-
-@gluon.jit
-def _sw_load(lat_desc, rope_desc, kv_latent, kv_rope, bar, slot, row, pred):
-    """TMA: the 64 tokens from cache row `row` into ring slot `slot` (4 latent boxes, rope), on `bar`."""
-    mbarrier.expect(bar, 64 * 576, pred=pred)
-    for c in gl.static_range(4):
-        tma.async_copy_global_to_shared(lat_desc, [row, c * 128], bar, kv_latent.index(slot * 4 + c), pred=pred)
-    tma.async_copy_global_to_shared(rope_desc, [row, 512], bar, kv_rope.index(slot), pred=pred)
+    S._load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(slot), slot, kv_row0 + (t + STAGES) * 64,
+                 more, TILE_BYTES, 4, 128, 512)
 
 
 @gluon.jit
@@ -265,9 +260,11 @@ def seesaw_kernel(Q, lat_desc, rope_desc, OUT, LSE, seq_len, sm_scale_log2, GROU
     # the first tiles fly while q is quantised (and the descriptors need a use outside the partitions:
     # Triton 3.6 reads their metadata from the parent region, and crashes where there is none)
     for t in gl.static_range(STAGES):
-        _sw_load(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, kv_row0 + t * 64, t < num_tiles)
+        S._load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(t), t, kv_row0 + t * 64, t < num_tiles,
+                     TILE_BYTES, 4, 128, 512)
 
-    # q in fp8 with the program's amax scale: a pass for the amax, a pass to store
+    # q in fp8 with the program's amax scale: a pass for the amax, a pass to store (submission's
+    # _load_q / _quantize_q hold all 576 dims at once: 288 floats a thread for 64 rows at 4 warps)
     QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q_rows = Q + (row0 + gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(1, QL)), 1)).to(gl.int64) * 576
     d128 = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, QL)), 0)
