@@ -1984,6 +1984,25 @@ def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, n
 
 
 @gluon.jit
+def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
+                   WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
+    """A request's rows of out and lse from its num_splits partials in slots first_slot ... (the
+    split that drew its last ticket calls this): _merge_serving in the layout of the smallest
+    split-count class that holds them (4, 8 or MAX_SPLITS), then the merged lse."""
+    if num_splits <= 4:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS, 4,
+                       NUM_HEADS, LATENT)
+    elif num_splits <= 8:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS, 8,
+                       NUM_HEADS, LATENT)
+    else:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS,
+                       MAX_SPLITS, NUM_HEADS, LATENT)
+    merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
+    gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
+
+
+@gluon.jit
 def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, OUT, LSE, PARTIAL_O,
                    PARTIAL_LSE, SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads,
                    q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
@@ -2016,18 +2035,8 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
         gl.thread_barrier()  # every thread's partial stores precede the ticket's release
         pair = request * gl.num_programs(0) + group
         if gl.atomic_add(SPLIT_TICKETS + pair, 1, sem="acq_rel") == num_splits - 1:
-            first_slot = group * slots + first_work
-            if num_splits <= 4:
-                _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
-                               WARPS, 4, NUM_HEADS, LATENT)
-            elif num_splits <= 8:
-                _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
-                               WARPS, 8, NUM_HEADS, LATENT)
-            else:
-                _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale,
-                               WARPS, MAX_SPLITS, NUM_HEADS, LATENT)
-            merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
-            gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, ROW_LAYOUT)), mask=row_ok)
+            _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, group * slots + first_work,
+                           num_splits, kv_scale, WARPS, MAX_SPLITS, NUM_HEADS, LATENT)
             gl.atomic_xchg(SPLIT_TICKETS + pair, 0)
 
 
@@ -2443,6 +2452,397 @@ def _mla_decode_gathered_hopper_kernel(
                    SPANS, PV_F16, SHARED_MAX, True, KV, stride_kv_row)
 
 
+# --- the serving API's fp8 cache with query rows as the MMA's M: the seesaw kernel ------------
+# FlashMLA's "seesaw" schedule (its deep-dive document describes it; none of its code is used) in
+# Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51): 64 query rows a program, two
+# compute warpgroups out of phase and a one-warp TMA loader; the schedule, pages, partials and
+# merge of _hopper_decode's serving path.
+
+@gluon.jit
+def _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk,
+             BLOCK_N: gl.constexpr):
+    """A segment of the seesaw kernel's work: with spans, the program's part of `request` (whose
+    tiles start at tile_begin; _span_segment), else its chunk (_serving_work's values after the
+    request, in `chunk`). Returns (split, the request's split count, its first partial slot,
+    split begin and end, request length, poison, the request's end tile, live, tiles)."""
+    if spans:
+        split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end = _span_segment(
+            CACHE_SEQLENS, program, request, tile_begin, total, used, capacity, BLOCK_N)
+    else:
+        split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = chunk
+        tile_end = tile_begin
+    live = request < batch_size
+    num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
+    return split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end, live, num_tiles
+
+
+@gluon.jit
+def _sw_loader(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program, spans,
+               segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows, num_blocks, stride_bt,
+               STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,
+               CHUNK: gl.constexpr):
+    """The loader warp: every tile of the program's segments, in order, into ring slot g % STAGES
+    (g: the tile's number across segments) once both compute warpgroups released tile g - STAGES.
+    A block id outside the cache is read at kv_rows (TMA reads zeros there); the compute
+    warpgroups poison its request (_sw_compute)."""
+    TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + kv_rope.shape[2])
+    consumed = 0
+    for _segment in range(segments):
+        work = _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk,
+                        BLOCK_N)
+        kv_begin, tile_end, num_tiles = work[3], work[7], work[9]
+        bt_row = BLOCK_TABLE + request.to(gl.int64) * stride_bt
+        for t in range(num_tiles):
+            g = consumed + t
+            slot = g % STAGES
+            block = _tile_block(bt_row, kv_begin, t, num_tiles, BLOCK_N, PAGE_SIZE)
+            row, _ = _paged_row(block, kv_begin + t * BLOCK_N, True, num_blocks, kv_rows, PAGE_SIZE)
+            mbarrier.wait(free.index(slot), ((g // STAGES) - 1) & 1, pred=g >= STAGES)
+            _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(slot), slot, row, True, TILE_BYTES,
+                       LATENT // CHUNK, CHUNK, LATENT)
+        consumed += num_tiles
+        request += 1
+        tile_begin = tile_end
+
+
+@gluon.jit
+def _sw_stage_q(Q, q_latent, q_rope, q_scale, request, group, live, num_heads, q_len, stride_q_batch, stride_q_token,
+                stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr):
+    """Warpgroup WG's 32 of the program's 64 query rows into shared memory in fp8, each row scaled
+    by its own amax (one pass for the amax, one to store: the second reads hit the cache), and the
+    rows' scales (amax / FP8_MAX) into q_scale. Rows past s_q x h_q, or of a work item past the
+    batch, are zeros."""
+    QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    row_ok, q_token, head = _serving_rows(2 * group + WG, num_heads, q_len, 32, gl.SliceLayout(1, QL))
+    ok = gl.expand_dims(row_ok & live, 1)
+    base = Q + request.to(gl.int64) * stride_q_batch + gl.expand_dims(q_token * stride_q_token
+                                                                      + head * stride_q_head, 1)
+    d128 = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, QL)), 0)
+    d64 = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, QL)), 0)
+    amax = gl.max(gl.abs(gl.load(base + 512 + d64, mask=ok, other=0.0).to(gl.float32)), 1)
+    for c in gl.static_range(4):
+        amax = gl.maximum(amax, gl.max(gl.abs(gl.load(base + c * 128 + d128, mask=ok, other=0.0).to(gl.float32)), 1))
+    amax = gl.maximum(amax, 1e-12)
+    inverse = gl.expand_dims(FP8_MAX / amax, 1)
+    for c in gl.static_range(4):
+        q = gl.load(base + c * 128 + d128, mask=ok, other=0.0).to(gl.float32)
+        q_latent.index(c).slice(32 * WG, 32).store((q * inverse).to(gl.float8e4nv))
+    q = gl.load(base + 512 + d64, mask=ok, other=0.0).to(gl.float32)
+    q_rope.slice(32 * WG, 32).store((q * inverse).to(gl.float8e4nv))
+    q_scale.slice(32 * WG, 32).store(amax / FP8_MAX)
+    fence_async_shared()
+
+
+@gluon.jit
+def _sw_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, S_L: gl.constexpr):
+    """S = Q K^T (64 rows x 64 tokens) of ring slot `slot`: 4 latent boxes + rope, fp8 wgmma, issued
+    (the caller waits)."""
+    first = slot * 4
+    s = warpgroup_mma(q_latent.index(0), kv_latent.index(first).permute((1, 0)),
+                      gl.zeros([64, 64], gl.float32, layout=S_L), use_acc=False, is_async=True)
+    for c in gl.static_range(1, 4):
+        s = warpgroup_mma(q_latent.index(c), kv_latent.index(first + c).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma(q_rope, kv_rope.index(slot).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot, S_L: gl.constexpr):
+    """_sw_issue_scores, waited for."""
+    return warpgroup_mma_wait(0, deps=(_sw_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, S_L),))
+
+
+@gluon.jit
+def _sw_store_p(p, p_buf):
+    """P (64 rows x 64 tokens, <= 1) into p_buf as fp8 256 P (256 keeps small probabilities
+    normal), its tokens in the order _pv_chunk's fp8 fragment of V^T gives them (_store_probs')."""
+    p_t = gl.reshape(gl.permute(gl.reshape(gl.permute(p * 256.0, (1, 0)), [2] * 6 + [64]), _pv_token_order().value),
+                     [64, 64])
+    p_buf.store(gl.permute(p_t, (1, 0)).to(gl.float8e4nv))
+
+
+@gluon.jit
+def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, c_buf, WG: gl.constexpr,
+           O_MMA: gl.constexpr):
+    """acc_c = acc_c x c + V_c^T P^T for warpgroup WG's two 128-dim chunks of ring slot `slot`
+    (tile `tile` of the segment), fp8 wgmma with V^T read as it is, waited for. The segment's
+    last tile first has this warpgroup's chunks zeroed past kv_end (_zero_tail: a page's tail may
+    hold NaN, and 0 x NaN is NaN)."""
+    if real & (kv_begin + (tile + 1) * 64 > kv_end):
+        _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * 64, 2, 64, 128, 4)
+        fence_async_shared()
+        gl.thread_barrier()
+    c_o = c_buf.load(gl.SliceLayout(0, O_MMA))
+    first = slot * 4 + 2 * WG
+    acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, c_o, 4, O_MMA, 128, 4)
+    acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, c_o, 4, O_MMA, 128, 4)
+    return warpgroup_mma_wait(0, deps=(acc0, acc1))
+
+
+@gluon.jit
+def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+              request, group, split, slots, num_splits, first_work, num_heads, q_len, stride_o_batch, stride_o_token,
+              stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token, WG: gl.constexpr,
+              MAX_SPLITS: gl.constexpr):
+    """_store_serving for warpgroup WG's 256 latent dims of the 64 rows: out and lse for a request
+    of one split; otherwise its half of the split's float32 partial (the lse by warpgroup 0), and
+    the warpgroup that draws the request's last ticket (two a split) merges every dim."""
+    OUT_L: gl.constexpr = _output_layout(4, 64, False)
+    o0 = gl.convert_layout(_rows_to_dims(acc0, 4), OUT_L)
+    o1 = gl.convert_layout(_rows_to_dims(acc1, 4), OUT_L)
+    ROW_LAYOUT: gl.constexpr = m_run.type.layout
+    row_ok, q_token, head = _serving_rows(group, num_heads, q_len, 64, ROW_LAYOUT)
+    out_base = OUT + request.to(gl.int64) * stride_o_batch
+    out_rows = q_token * stride_o_token + head * stride_o_head
+    lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
+    lse2, _ = _split_lse(m_run, l_s)
+    lse2 += poison
+    safe_o = gl.where(l_o != 0, l_o, 1.0) * 256.0  # P was stored as 256 P
+    if num_splits == 1:
+        head_scale = gl.where(l_o != 0, kv_scale / safe_o, 0.0) + poison
+        _store_chunk(o0, out_base + 256 * WG, head_scale, 512, out_rows, row_ok)
+        _store_chunk(o1, out_base + 256 * WG + 128, head_scale, 512, out_rows, row_ok)
+        if WG == 0:
+            gl.store(lse_rows, _natural_lse(lse2), mask=row_ok)
+    else:
+        slot_id = group * slots + first_work + split
+        dest = PARTIAL_O + slot_id * (512 * 64) + 256 * WG
+        _store_chunk(o0, dest, 1.0 / safe_o, 512)
+        _store_chunk(o1, dest + 128, 1.0 / safe_o, 512)
+        if WG == 0:
+            gl.store(PARTIAL_LSE + slot_id * 64 + gl.arange(0, 64, layout=ROW_LAYOUT), lse2)
+        gl.thread_barrier()  # every thread's partial stores precede the ticket's release
+        pair = request * gl.num_programs(0) + group
+        if gl.atomic_add(SPLIT_TICKETS + pair, 1, sem="acq_rel") == 2 * num_splits - 1:
+            _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, group * slots + first_work,
+                           num_splits, kv_scale, 4, MAX_SPLITS, 64, 512)
+            gl.atomic_xchg(SPLIT_TICKETS + pair, 0)
+
+
+@gluon.jit
+def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free, pub,
+                done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, CACHE_SEQLENS, BLOCK_TABLE,
+                group, program, spans, segments, request, tile_begin, total, used, chunk, kv_scale, sm_scale_log2,
+                capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides, stride_bt, out_strides,
+                FP8_MAX: gl.constexpr, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
+                MAX_SPLITS: gl.constexpr, WG: gl.constexpr):
+    """Compute warpgroup WG (4 warps) over the program's segments. Per segment: its 32 rows of q
+    (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1) S and the
+    softmax of tile 2j + WG, the running max chained between the warpgroups (warpgroup 1 starts
+    from tile 2j's, warpgroup 0 from tile 2j - 1's), P (fp8), the rescale factors and maxima
+    published on pub[WG] into p_smem[WG], c_smem and m_smem (released on done[WG] by the other
+    warpgroup), then P.V of both tiles for latent dims [256 WG, 256 WG + 256); ring slots are
+    released on free (both warpgroups arrive). An odd tile count ends on a phantom tile 2j + 1:
+    its S (of slot 2j, masked) gives P = 0 and factor 1 and its P.V reads slot 2j again, so no
+    barrier is skipped and nothing reads an unloaded slot. Row sums are kept per warpgroup and
+    added through l_smem on `fin`, with a bad block id's NaN (each warpgroup checks its own tiles'
+    ids). Barrier phases count pairs and segments across the program."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
+    S_ROW: gl.constexpr = gl.SliceLayout(1, S_L)
+    O_COL: gl.constexpr = gl.SliceLayout(0, O_MMA)
+    stride_q_batch, stride_q_token, stride_q_head = q_strides
+    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
+    tokens = gl.arange(0, 64, layout=gl.SliceLayout(0, S_L))
+    consumed = 0
+    pairs = 0
+    for segment in range(segments):
+        split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end, live, num_tiles = _sw_work(
+            CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk, 64)
+        # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this
+        _sw_stage_q(Q, q_latent, q_rope, q_scale, request, group, live, num_heads, q_len, stride_q_batch,
+                    stride_q_token, stride_q_head, WG, FP8_MAX)
+        gl.thread_barrier()
+        mbarrier.arrive(staged, count=1)
+        mbarrier.wait(staged, segment & 1)
+        row_scale = gl.expand_dims(q_scale.load(S_ROW) * (sm_scale_log2 * kv_scale), 1)
+        if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
+            _, row_token, _ = _serving_rows(group, num_heads, q_len, 64, S_ROW)
+            row_limits = gl.expand_dims(gl.minimum(kv_end, seq_len - q_len + 1 + row_token), 1)
+        bt_row = BLOCK_TABLE + request.to(gl.int64) * stride_bt
+        acc0 = gl.zeros([128, 64], gl.float32, layout=O_MMA)
+        acc1 = gl.zeros([128, 64], gl.float32, layout=O_MMA)
+        m_run = gl.full([64], float("-inf"), gl.float32, layout=S_ROW)
+        l_run = gl.zeros([64], gl.float32, layout=S_ROW)
+        bad = 0
+        num_pairs = gl.cdiv(num_tiles, 2)
+        for j in range(num_pairs):
+            phase = (pairs + j) & 1
+            second = 2 * j + 1 < num_tiles  # tile 2j + 1 is real
+            g_first = consumed + 2 * j
+            slot_first = g_first % STAGES
+            slot_second = gl.where(second, (g_first + 1) % STAGES, slot_first)
+            phase_second = gl.where(second, ((g_first + 1) // STAGES) & 1, (g_first // STAGES) & 1)
+            t_own = 2 * j + WG
+            own_real = t_own < num_tiles
+            block = gl.load(bt_row + (kv_begin + t_own * 64) // PAGE_SIZE, mask=own_real, other=0)
+            if WG == 0:
+                mbarrier.wait(loaded.index(slot_first), (g_first // STAGES) & 1)
+                s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_first, S_L)
+            else:
+                mbarrier.wait(loaded.index(slot_second), phase_second)
+                s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_second, S_L)
+                mbarrier.wait(pub.index(0), phase)  # tile 2j's max and factor: the chain's latest
+                m_run = m_smem.slice(0, 64).load(S_ROW)
+            bad |= (own_real & ((block < 0) | (block >= num_blocks))).to(gl.int32)
+            positions = gl.expand_dims(kv_begin + t_own * 64 + tokens, 0)
+            if CAUSAL:
+                valid = positions < row_limits
+            else:
+                valid = positions < kv_end
+            s = gl.where(valid, s * row_scale, float("-inf"))
+            m_new = gl.maximum(m_run, gl.max(s, 1))
+            shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing attended yet
+            c_own = gl.exp2(m_run - shift)
+            p = gl.exp2(s - gl.expand_dims(shift, 1))
+            m_run = m_new
+            # publish P, the factor and the max (the buffers free once the other warpgroup read the pair before's)
+            mbarrier.wait(done.index(WG), phase ^ 1, pred=pairs + j > 0)
+            _sw_store_p(p, p_smem.index(WG))
+            c_smem.slice(WG * 64, 64).store(c_own)
+            m_smem.slice(WG * 64, 64).store(m_new)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(pub.index(WG), count=1)
+            p_sum = gl.sum(p, 1)
+            if WG == 0:
+                l_run = l_run * c_own + p_sum
+                acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem.index(0), acc0,
+                                    acc1, c_smem.slice(0, 64), WG, O_MMA)
+                gl.thread_barrier()
+                mbarrier.arrive(free.index(slot_first), count=1, pred=second)
+                mbarrier.wait(pub.index(1), phase)
+                m_run = m_smem.slice(64, 64).load(S_ROW)
+                l_run = l_run * c_smem.slice(64, 64).load(S_ROW)
+                mbarrier.wait(loaded.index(slot_second), phase_second)  # this warpgroup sees the copy land
+                acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem.index(1),
+                                    acc0, acc1, c_smem.slice(64, 64), WG, O_MMA)
+                gl.thread_barrier()
+                mbarrier.arrive(free.index(slot_second), count=1)
+                mbarrier.arrive(done.index(1), count=1)
+            else:
+                l_run = l_run * c_smem.slice(0, 64).load(S_ROW)
+                mbarrier.wait(loaded.index(slot_first), (g_first // STAGES) & 1)
+                acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem.index(0), acc0,
+                                    acc1, c_smem.slice(0, 64), WG, O_MMA)
+                gl.thread_barrier()
+                mbarrier.arrive(free.index(slot_first), count=1, pred=second)
+                mbarrier.arrive(done.index(0), count=1)
+                l_run = l_run * c_own + p_sum
+                acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem.index(1),
+                                    acc0, acc1, c_smem.slice(64, 64), WG, O_MMA)
+                gl.thread_barrier()
+                mbarrier.arrive(free.index(slot_second), count=1)
+        pairs += num_pairs
+        consumed += num_tiles
+
+        # Epilogue: the warpgroups' row sums added (with a bad block id's NaN), then each its 256 dims.
+        l_smem.slice(WG * 64, 64).store(l_run + gl.where(bad != 0, float("nan"), 0.0))
+        gl.thread_barrier()
+        mbarrier.arrive(fin, count=1)
+        mbarrier.wait(fin, segment & 1)
+        l_s = l_smem.slice(0, 64).load(S_ROW) + l_smem.slice(64, 64).load(S_ROW)
+        l_o = l_smem.slice(0, 64).load(O_COL) + l_smem.slice(64, 64).load(O_COL)
+        if live:
+            _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE,
+                      SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads, q_len,
+                      stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                      stride_lse_token, WG, MAX_SPLITS)
+        request += 1
+        tile_begin = tile_end
+
+
+@gluon.jit
+def _mla_decode_seesaw_kernel(
+    Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
+    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
+    stride_lse_batch, stride_lse_head, stride_lse_token,
+    FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+    CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
+    MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 64,
+    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
+):
+    """The serving API's fp8 cache on pages of whole tiles with query rows as the MMA's M (NOTES.md
+    h51): grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
+    chunks, or spans), the same partials, tickets and merge. The parent region computes the
+    schedule and forks: compute warpgroups 0 and 1 (_sw_compute, FlashMLA's seesaw order: one's
+    softmax under the other's MMAs, S and P.V in fp8 wgmma, P as 256 P in fp8) and a loader warp
+    (_sw_loader). Shared memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P."""
+    gl.static_assert(KV_FP8 and not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows of an fp8 cache, 4 warps")
+    gl.static_assert(BLOCK_N == 64 and CHUNK == 128 and LATENT == 512 and PAGE_SIZE % BLOCK_N == 0,
+                     "64-token tiles of one page")
+    group = gl.program_id(0)
+    program = gl.program_id(1)
+    if KV_SCALE_IN_TENSOR:
+        kv_scale = gl.load(KV_SCALE)
+    else:
+        kv_scale = kv_scale_value
+    request, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = _serving_work(
+        CACHE_SEQLENS, program, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N, 4)
+    chunk = (split, num_splits, first_work, kv_begin, kv_end, seq_len, poison)
+    zero = program * 0  # the span state's values where the kernel takes chunks only
+    spans = zero != 0
+    segments = zero + 1
+    tile_begin = zero
+    total = zero + 1
+    used = zero + 1
+    if SPANS:
+        spans, span_segments, span_request, tile_begin, total, used = _span_start(
+            CACHE_SEQLENS, program, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N, 4)
+        segments = gl.where(spans, span_segments, 1)
+        request = gl.where(spans, span_request, request)
+    KV_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
+    ROPE_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float8e4nv)
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    BAR: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * 4, 64, 128], KV_L)
+    kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 64, 64], ROPE_L)
+    q_latent = gl.allocate_shared_memory(gl.float8e4nv, [4, 64, 128], KV_L)
+    q_rope = gl.allocate_shared_memory(gl.float8e4nv, [64, 64], ROPE_L)
+    q_scale = gl.allocate_shared_memory(gl.float32, [64], FLAT)
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, 64, 64], ROPE_L)
+    c_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
+    m_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
+    l_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
+    pub = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    done = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    fin = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    staged = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(i), count=1)
+        mbarrier.init(free.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(pub.index(i), count=1)
+        mbarrier.init(done.index(i), count=1)
+    mbarrier.init(fin, count=2)
+    mbarrier.init(staged, count=2)
+    # Triton 3.6 reads the descriptors' metadata from the parent region and crashes where they
+    # have no use there: one copy that never runs
+    _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(0), 0, 0, False, 64 * 576, 4, 128, 512)
+    gl.thread_barrier()
+    q_strides = (stride_q_batch, stride_q_token, stride_q_head)
+    out_strides = (stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token)
+    slots = target_splits + batch_size
+    gl.warp_specialize([
+        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free,
+                       pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, CACHE_SEQLENS,
+                       BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total, used, chunk,
+                       kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides,
+                       stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS, 0)),
+        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free,
+                       pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, CACHE_SEQLENS,
+                       BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total, used, chunk,
+                       kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides,
+                       stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS, 1)),
+        (_sw_loader, (lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program,
+                      spans, segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows,
+                      num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK))],
+        [4, 1], [240, 32])
+
+
 def hopper_boxes(dtype="fp8e4nv", latent_3d=False):
     """The TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: (latent box, its shared
     layout, the rope box's layout). The latent box is (64 tokens, 128 dims), one copy per chunk
@@ -2595,6 +2995,8 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(Fa
         return []
     if "kv" in params:
         caches = ("fp8e4nv" if params["kv"] == "fp8" else "bf16",)
+    if params.get("seesaw"):  # an fp8 kernel of pages of whole tiles
+        caches, page_sizes = ("fp8e4nv",), [page for page in page_sizes if page >= 64]
     return [entry for cache in caches for entry in _hopper_paged_plan(params, cache, page_sizes, causal, batch)]
 
 
@@ -2616,15 +3018,18 @@ def _hopper_paged_signature(cache, page):
     }
 
 
-def hopper_paged_kernel(page_size):
-    """The Hopper kernel of a serving page size: TMA over pages of whole tiles, cp.async below."""
-    return _mla_decode_paged_hopper_kernel if page_size >= 64 else _mla_decode_gathered_hopper_kernel
+def hopper_paged_kernel(page_size, params=None):
+    """The Hopper kernel of a serving page size and route row params: TMA over pages of whole
+    tiles (the seesaw kernel where the row asks for it), cp.async below."""
+    if page_size < 64:
+        return _mla_decode_gathered_hopper_kernel
+    return _mla_decode_seesaw_kernel if (params or {}).get("seesaw") else _mla_decode_paged_hopper_kernel
 
 
 def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
     plan = []
     for page in page_sizes:
-        kernel, signature = hopper_paged_kernel(page), _hopper_paged_signature(cache, page)
+        kernel, signature = hopper_paged_kernel(page, params), _hopper_paged_signature(cache, page)
         plan += [{
             "kernel": kernel, "targets": ["sm90"], "signature": signature,
             "constexprs": {**keyword_defaults(kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
@@ -3776,33 +4181,36 @@ SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its me
 SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
 SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
 
-# Which route serves a plan, as data: the first row whose "kv" is the cache's format, whose
-# "pages" (if any) hold the page size, whose "max_batch" (if any) holds the batch, whose
-# "min_rows" (if any) the plan's query rows (s_q x h_q) reach, and whose route this machine has.
-# hopper_paged: the Hopper kernel, a 64-token tile by TMA from one page (pages of 64 and 128) or
-# gathered a row per token by cp.async (shorter pages; NOTES.md h48), the work balanced by tokens
-# over the batch ("waves": programs per SM slot it aims for, "min_chunk": the shortest split):
-# chunks of one request each (_serving_work), or with "spans" where the batch can outgrow one
-# wave of chunks (takes_span_kernel), per call whichever _span_start's cost model finds shorter:
-# chunks, or one equal span of the batch's tiles per program across requests (fp8 A 1.20x, B
-# 1.24x; bf16 at 32 rows A 1.19x, B 1.24x; not on the bf16 16-row row, whose tile loop then
-# spills: NOTES.md h42); the schedule holds the batch's lengths in one warp, so up to 1024
-# requests; "rows": query rows per program (16 where absent), each program one pass over its
-# split's tiles (with spans, over each of its segments'). A bf16 cache with 32 or more rows: 32
-# rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x
-# the 16-row row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted
-# exactly in registers, P in f16, half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64
-# rows and 8 warps (grid A 1.40x the 16-row row: 990 against 1386 us), 32 to 63 rows at 32 rows
-# and 8 warps (B at two query tokens 1.04x / 1.08x at 4k / 16k with V converted as packed words:
-# NOTES.md h49c; even before them, h43), the rest at 16 rows and 4 warps (C 1.03x, B even, no
-# spills in the span kernel's tile loops; NOTES.md h43). Not 32 rows at 4 warps (its f16
-# accumulators spill), nor fp8 P_hi / P_lo at 32 rows (0.78x, h40). Everything else: the portable
-# kernel (NOTES.md h36, h38).
-# num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory. Not here:
-# bf16 at 32 rows and 4 warps (spills 128 B), at 64 rows and 8 warps (240 KiB of shared memory).
-# "shared_max" (P^T in 16 bits, two warpgroups): the row max and the rescale factors through
-# shared memory, two barriers a tile for five (fp8 A 1.02x, bf16 A 1.05x; 16 rows even: h44c).
+# Which route serves a plan, as data: the first row whose "kv" is the cache's format, whose "pages" (if any)
+# hold the page size, whose "max_batch" (if any) holds the batch, whose "min_rows" (if any) the plan's query
+# rows (s_q x h_q) reach, and whose route this machine has. hopper_paged: the Hopper kernel, a 64-token tile
+# by TMA from one page (pages of 64 and 128) or gathered a row per token by cp.async (shorter pages; NOTES.md
+# h48), the work balanced by tokens over the batch ("waves": programs per SM slot it aims for, "min_chunk":
+# the shortest split): chunks of one request each (_serving_work), or with "spans" where the batch can outgrow
+# one wave of chunks (takes_span_kernel), per call whichever _span_start's cost model finds shorter: chunks,
+# or one equal span of the batch's tiles per program across requests (fp8 A 1.20x, B 1.24x; bf16 at 32 rows A
+# 1.19x, B 1.24x; not on the bf16 16-row row, whose tile loop then spills: NOTES.md h42); the schedule holds
+# the batch's lengths in one warp, so up to 1024 requests; "rows": query rows per program (16 where absent),
+# each program one pass over its split's tiles (with spans, over each of its segments'). An fp8 cache with 64
+# or more rows on pages of whole tiles: the seesaw kernel ("seesaw": query rows as M, two compute warpgroups
+# out of phase and a loader warp, S and P.V in fp8 with P as 256 P; 4 warps a warpgroup, 4 ring slots; grid A
+# 1.30x the tokens-as-M row's kernel time, 0.94x FlashMLA's: NOTES.md h51). A bf16 cache with 32 or more rows:
+# 32 rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x the 16-row
+# row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted exactly in registers, P in f16,
+# half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64 rows and 8 warps on pages shorter than a
+# tile (grid A 1.40x the 16-row row: 990 against 1386 us), 32 to 63 rows at 32 rows and 8 warps (B at two
+# query tokens 1.04x / 1.08x at 4k / 16k with V converted as packed words: NOTES.md h49c; even before them,
+# h43), the rest at 16 rows and 4 warps (C 1.03x, B even, no spills in the span kernel's tile loops; NOTES.md
+# h43). Not 32 rows at 4 warps (its f16 accumulators spill), nor fp8 P_hi / P_lo at 32 rows (0.78x, h40).
+# Everything else: the portable kernel (NOTES.md h36, h38).
+# num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory. Not here: bf16 at 32
+# rows and 4 warps (spills 128 B), at 64 rows and 8 warps (240 KiB of shared memory).
+# "shared_max" (P^T in 16 bits, two warpgroups): the row max and the rescale factors through shared memory,
+# two barriers a tile for five (fp8 A 1.02x, bf16 A 1.05x; 16 rows even: h44c).
 SERVING_ROUTE_TABLE = [
+    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
+                "seesaw": True}},
     {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
      "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
                 "pv_f16": True, "shared_max": True}},
@@ -4114,7 +4522,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     rows = route_rows(plan.route)
     groups = triton.cdiv(s_q * h_q, rows)
     workspace = plan.workspace
-    kernel = hopper_paged_kernel(page_size)
+    kernel = hopper_paged_kernel(page_size, params)
     gather = kernel is _mla_decode_gathered_hopper_kernel
     constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, "STAGES": params["num_stages"],
                   "WARPS": params["num_warps"], "NUM_HEADS": rows, "CAUSAL": causal and s_q > 1,

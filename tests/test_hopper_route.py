@@ -391,11 +391,14 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
     assert {row["kv"] for row in rows} == {"fp8", "bf16"}
     assert [(r[0], r[1], r[4], r[5]) for r in results] == [
         (row["kv"], submission.route_rows(row), page, causal)
-        for row in rows for page in (16, 64) for causal in (False, True)]
+        for row in rows for page in ((64,) if row["params"].get("seesaw") else (16, 64)) for causal in (False, True)]
     for (kv, rows_, warps, stages, page, causal, parsed, spill_free, lds_fits, spills, registers, lds, spans,
          tile_loop_spills) in results:
         config = (kv, rows_, warps, stages, page, causal, registers, spills, spans, tile_loop_spills)
-        assert parsed and lds_fits and tile_loop_spills == 0, config
+        # the seesaw kernel (4 warps at 64 rows) reloads a few of its segment loop's scalars in its
+        # pair loops: test_kernel_report.spans_spill_outside_tile_loops's allowance (NOTES.md h51)
+        seesaw_allowance = 40 if (rows_, warps) == (64, 4) else 0
+        assert parsed and lds_fits and tile_loop_spills <= seesaw_allowance, config
         assert spill_free or spans, config
         assert lds <= submission.hopper_shared_bytes_bound(stages, 2 if kv == "bf16" else 1, rows_), (config, lds)
 
@@ -425,21 +428,29 @@ def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wid
     """A bf16 plan with fewer than 32 query rows (s_q x h_q) takes the 16-row Hopper row; 32 or
     more the row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows).
     fp8 plans take 16 rows below 32, 32 rows at 8 warps from 32 (B at two query tokens: NOTES.md
-    h49c) and 64 rows at 8 warps from 64 on; every fp8 row's P.V is f16 on the serving API."""
+    h49c) and from 64 on 64 rows: on pages of whole tiles (64, 128) the seesaw kernel (query rows
+    as M, two compute warpgroups and a loader warp at 4 warps a warpgroup, P.V in fp8: NOTES.md
+    h51), on shorter pages the tokens-as-M kernel at 8 warps (gathered); that kernel's fp8 P.V is
+    f16 on the serving API."""
     if kv == "bf16":
         rows = 32 if wide else 16
     else:
         rows = 64 if s_q * h_q >= 64 else 32 if wide else 16
+    seesaw = kv == "fp8" and rows == 64
     row = _serving_row((128, s_q, h_q, 64, kv, s_q > 1), monkeypatch)
     assert row["route"] == "hopper_paged" and row["kv"] == kv
     assert submission.route_rows(row) == rows and s_q * h_q >= row.get("min_rows", 0)
-    assert row["params"]["num_warps"] == (4 if rows == 16 else 8)
-    assert row["params"].get("pv_f16", False) == (kv == "fp8")
-    # pages smaller than a tile take the same row (the gathered kernel: NOTES.md h48)
-    for page in (1, 16, 32, 128):
-        assert _serving_row((128, s_q, h_q, page, kv, s_q > 1), monkeypatch) is row
-    assert submission.hopper_paged_kernel(16) is submission._mla_decode_gathered_hopper_kernel
-    assert submission.hopper_paged_kernel(64) is submission._mla_decode_paged_hopper_kernel
+    assert row["params"]["num_warps"] == (4 if rows == 16 or seesaw else 8)
+    assert row["params"].get("pv_f16", False) == (kv == "fp8" and not seesaw)
+    assert row["params"].get("seesaw", False) == seesaw
+    assert _serving_row((128, s_q, h_q, 128, kv, s_q > 1), monkeypatch) is row
+    assert submission.hopper_paged_kernel(64, row["params"]) is (
+        submission._mla_decode_seesaw_kernel if seesaw else submission._mla_decode_paged_hopper_kernel)
+    # pages smaller than a tile: the gathered kernel (NOTES.md h48), the seesaw row's rows at 8 warps
+    for page in (1, 16, 32):
+        short = _serving_row((128, s_q, h_q, page, kv, s_q > 1), monkeypatch)
+        assert short is row or (seesaw and submission.route_rows(short) == 64 and short["params"]["pv_f16"])
+        assert submission.hopper_paged_kernel(page, short["params"]) is submission._mla_decode_gathered_hopper_kernel
 
 
 def test_route_rows_default_to_16():
@@ -459,7 +470,7 @@ def test_residency_and_shared_bound_take_the_rows():
     assert submission.hopper_programs_per_sm(8, 2, 1, 64) == 1 and bound(2, 1, 64) < submission.SM90_SHARED_PER_SM
 
 
-@pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 64, 8),
+@pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 64, 4),
                                                    ("fp8", 2, 24, 32, 8), ("fp8", 3, 8, 16, 4),
                                                    ("bf16", 1, 128, 32, 8), ("bf16", 2, 8, 16, 4)])
 def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_q, rows, warps):
@@ -492,4 +503,5 @@ def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_
     [(grid, _, _, constexprs)] = launched
     assert grid == (groups, plan.num_splits + batch)
     assert (constexprs["NUM_HEADS"], constexprs["WARPS"], constexprs["KV_FP8"]) == (rows, warps, kv == "fp8")
-    assert constexprs["PV_F16"] == (kv == "fp8")
+    assert constexprs["PV_F16"] == (kv == "fp8" and not params.get("seesaw"))
+    assert bool(params.get("seesaw")) == (kv == "fp8" and rows == 64)  # page 64: the seesaw kernel (h51)

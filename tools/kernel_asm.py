@@ -463,7 +463,11 @@ def kernel_facts(compiled, is_amd, num_warps, lds_per_block, lds_per_unit):
         facts["registers"] = {"per_thread": nv["registers"]}
         facts["spills"] = {"spill_store_bytes": nv["spill_store_bytes"], "spill_load_bytes": nv["spill_load_bytes"],
                            "stack_frame_bytes": nv["stack_frame_bytes"]}
-        occupancy = nvidia_occupancy(nv["registers"] or 0, shared, num_warps, lds_per_unit)
+        # a warp-specialised kernel launches more warps than num_warps (its partitions'): the PTX's
+        # required thread count says how many
+        launched = re.search(r"\.reqntid (\d+)", asm)
+        warps = max(num_warps, int(launched.group(1)) // 32) if launched else num_warps
+        occupancy = nvidia_occupancy(nv["registers"] or 0, shared, warps, lds_per_unit)
         occupancy["compiler"] = None
         mma_in_line, load_in_line, facts["asm_kind"] = ptx_mma_in_line, ptx_load_in_line, "ptx"
         sass = cubin_sass(compiled.asm["cubin"]) if "cubin" in compiled.asm else None

@@ -202,9 +202,17 @@ def scan_inline_asm(kernels):
     return findings
 
 
+def _passed(arg):
+    """The expressions a call argument passes: itself, or a list's / tuple's items at any depth
+    (gl.warp_specialize's partitions: a list of (function, arguments) pairs)."""
+    if isinstance(arg, (ast.List, ast.Tuple)):
+        return [item for element in arg.elts for item in _passed(element)]
+    return [arg]
+
+
 def jit_functions_reached(kernel):
     """Names of the @triton.jit functions a kernel calls, or passes to a call (a scan's combine
-    function), recursively (not the kernel itself)."""
+    function, a warp-specialised kernel's partitions), recursively (not the kernel itself)."""
     names = set()
     seen = set()
     stack = [kernel]
@@ -220,7 +228,7 @@ def jit_functions_reached(kernel):
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
-            for used in [node.func, *node.args]:
+            for used in [node.func, *(passed for arg in node.args for passed in _passed(arg))]:
                 target = _resolve_global(used, jf.fn.__globals__)
                 if target is not None and _is_jit_function(target) and target.fn is not jf.fn:
                     names.add(target.fn.__name__)

@@ -188,3 +188,47 @@ def test_wide_rows_and_16_rows_are_right_on_the_same_inputs(monkeypatch, kv, s_q
     rel = ((wide[0][attended].double() - narrow[0][attended].double()).norm()
            / narrow[0][attended].double().norm()).item()
     assert rel < (0.05 if kv == "fp8" else 0.01), rel  # fp8: q is quantised over other rows
+
+
+@pytest.mark.skipif(not submission.HOPPER, reason="the seesaw kernel is the Hopper route's (an H100/H200)")
+@pytest.mark.parametrize("s_q,h_q,page,lens,causal,target", [
+    (1, 128, 64, [3000, 200, 0, 65], False, None),  # 2 groups; odd tile counts, an empty request, a 1-token tail
+    (2, 64, 128, [129, 2500, 1], True, 4),  # pages of two tiles, causal, merges of a few splits
+    (3, 48, 64, [700, 4100, 64], True, None),  # 144 rows: a third group of 16 rows
+    (1, 64, 64, [20000, 100, 7000], False, 64),  # 16 splits (the cap) and 6: the widest merges
+])
+def test_seesaw_rows_are_right_and_agree_with_the_tokens_as_m_kernel(monkeypatch, s_q, h_q, page, lens, causal,
+                                                                      target):
+    """SERVING_ROUTE_TABLE's seesaw row (query rows as M, fp8 P.V: NOTES.md h51) and the fp8 64-row
+    row of the tokens-as-M kernel, each forced ahead of the table, are right on the same inputs and
+    agree; a tensor k_scale; a NaN in one request's q stays in that request's rows."""
+    case = make_case(len(lens), s_q, h_q, page, lens, kv="fp8", seed=h_q + s_q + page)
+    case["k_scale"] = torch.tensor([case["k_scale"]], dtype=torch.float32, device="cuda")
+    table = submission.SERVING_ROUTE_TABLE
+    seesaw_row = next(row for row in table if row["params"].get("seesaw"))
+    tokens_row = next(row for row in table if row["kv"] == "fp8" and row.get("min_rows") == 64
+                      and not row["params"].get("seesaw"))
+    results = []
+    for row in (seesaw_row, tokens_row):
+        monkeypatch.setattr(submission, "SERVING_ROUTE_TABLE", [row] + table)
+        plan = submission.get_mla_decode_metadata()[0]
+        plan.num_splits = target
+        results.append(run(case, causal=causal, plan=plan))
+        assert plan.route is row
+    torch.cuda.synchronize()
+    right = dict(case, k_scale=case["k_scale"].item())
+    for out, lse in results:
+        assert_right(right, out, lse, causal=causal, kv="fp8")
+    (out, lse), (tokens_out, tokens_lse) = results
+    attended = torch.isfinite(tokens_lse).permute(0, 2, 1)
+    rel = ((out[attended].double() - tokens_out[attended].double()).norm()
+           / tokens_out[attended].double().norm()).item()
+    assert rel < 0.05, rel  # fp8 P and per-row q scales against f16 P and per-program ones
+    poisoned = case["q"].clone()
+    poisoned[1, 0, 0, 5] = float("nan")
+    monkeypatch.setattr(submission, "SERVING_ROUTE_TABLE", [seesaw_row] + table)
+    out, lse = run(case, causal=causal, q=poisoned)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[1, 0, 0]).all() and torch.isfinite(out[0]).all()
+    if lens[1] > 0:  # the NaN's row attends something
+        assert torch.isnan(lse[1, 0, 0])
