@@ -2,8 +2,8 @@
 S's MMA M, two compute warpgroups in different phases, against the Hopper serving kernel of
 submission.py (tokens as M, both warpgroups meeting at CTA barriers every tile: NOTES.md h49).
 
-    python bench/seesaw_probe.py --compile-only      # sm_90 compile on the CPU: registers, spills, PTX facts
-    python bench/seesaw_probe.py [--no-loader] [--early-s] [--stages 4] [--flashmla BUILD]   # H200
+    python bench/seesaw_probe.py --compile-only [--p fp8]   # sm_90 compile on the CPU: registers, spills, PTX facts
+    python bench/seesaw_probe.py [--p f16|fp8|both] [--no-loader] [--early-s] [--stages 4] [--flashmla BUILD]  # H200
 
 What runs: a probe, not a route. One program = 64 query rows of one request (h_q a multiple of 64,
 s_q 1) over its whole cache (uniform lengths, a multiple of 128 tokens, contiguous rows; one split,
@@ -15,6 +15,8 @@ docs/20250422-new-kernel-deep-dive.md, describes the schedule; nothing of its co
   in shared memory), P = exp2(S - m) in f16 and the factor go to shared memory (mbarrier `pub`);
   both warpgroups then run P.V of both tiles in order for their own 256 latent dims, V^T converted
   from fp8 in registers exactly as submission._pv_chunk does (acc^T: 256 dims x 64 rows a warpgroup).
+  With --p fp8 (NOTES.md h51a) P is stored as 256 P in fp8 and P.V is an fp8 product, V^T read as it
+  is: the form submission.py's seesaw kernel (_mla_decode_seesaw_kernel, h51) serves with.
 The rows' max never crosses warps (a row's 64 scores sit in one quad), and the only waits between
 the warpgroups are the mbarriers of P and of the ring slots, so one's softmax runs under the
 other's products. Output: float32 out and natural-log lse; checked against float64 attention over
@@ -39,36 +41,21 @@ from serving_peers import kernel_times, load_flashmla  # noqa: E402
 from submission import gl, gluon  # noqa: E402
 
 if S.HAVE_GLUON:
-    from submission import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from submission import fence_async_shared, mbarrier, warpgroup_mma_wait
 
     TILE_BYTES = gl.constexpr(64 * 576)  # a ring slot's bytes: 64 tokens of the fp8 cache (submission._load_tile)
 
 
 @gluon.jit
-def _sw_issue(kv_latent, kv_rope, q_latent, q_rope, slot, S_L: gl.constexpr):
-    """S = Q K^T of ring slot `slot` (64 rows x 64 tokens): 4 latent boxes + rope, fp8 wgmma, issued (5 groups)."""
-    first = slot * 4
-    s = warpgroup_mma(q_latent.index(0), kv_latent.index(first).permute((1, 0)),
-                      gl.zeros([64, 64], gl.float32, layout=S_L), use_acc=False, is_async=True)
-    for c in gl.static_range(1, 4):
-        s = warpgroup_mma(q_latent.index(c), kv_latent.index(first + c).permute((1, 0)), s, is_async=True)
-    return warpgroup_mma(q_rope, kv_rope.index(slot).permute((1, 0)), s, is_async=True)
-
-
-@gluon.jit
-def _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot, S_L: gl.constexpr):
-    """S of ring slot `slot`, waited for."""
-    return warpgroup_mma_wait(0, deps=(_sw_issue(kv_latent, kv_rope, q_latent, q_rope, slot, S_L),))
-
-
-@gluon.jit
 def _sw_pv_issue(kv_latent, slot, p_buf, acc0, acc1, c_buf, WG: gl.constexpr, O_MMA: gl.constexpr):
     """acc_c = acc_c * c + V_c^T P^T for this warpgroup's two 128-dim chunks of tile `slot` (issued, 2 groups);
-    c read from c_buf here, where it is used."""
+    c read from c_buf here, where it is used. P in f16: V converted to f16 (k_width 2); P in fp8: V^T
+    read as it is (k_width 4, fp8 wgmma)."""
+    K_WIDTH: gl.constexpr = 2 if p_buf.dtype == gl.float16 else 4
     c_o = c_buf.load(gl.SliceLayout(0, O_MMA))
     first = slot * 4 + 2 * WG
-    acc0 = S._pv_chunk(kv_latent.index(first), p_buf, acc0, c_o, 4, O_MMA, 128, 2)
-    acc1 = S._pv_chunk(kv_latent.index(first + 1), p_buf, acc1, c_o, 4, O_MMA, 128, 2)
+    acc0 = S._pv_chunk(kv_latent.index(first), p_buf, acc0, c_o, 4, O_MMA, 128, K_WIDTH)
+    acc1 = S._pv_chunk(kv_latent.index(first + 1), p_buf, acc1, c_o, 4, O_MMA, 128, K_WIDTH)
     return acc0, acc1
 
 
@@ -88,7 +75,7 @@ def _sw_pv_first(kv_latent, kv_rope, q_latent, q_rope, loaded, slot, p_buf, c_bu
     acc0, acc1 = _sw_pv_issue(kv_latent, slot, p_buf, acc0, acc1, c_buf, WG, O_MMA)
     if EARLY_S:
         mbarrier.wait(loaded.index(t_next % STAGES), (t_next // STAGES) & 1, pred=t_next < num_tiles)
-        s_next = _sw_issue(kv_latent, kv_rope, q_latent, q_rope, t_next % STAGES, S_L)
+        s_next = S._sw_issue_scores(kv_latent, kv_rope, q_latent, q_rope, t_next % STAGES, S_L)
         acc0, acc1 = warpgroup_mma_wait(5, deps=(acc0, acc1))
     else:
         acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
@@ -106,7 +93,10 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
     ring slots are released on free[slot] (both warpgroups arrive). Row sums are kept per
     warpgroup (each rescales by every tile's factor, adds its own tiles' sums) and added at the end."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
-    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    P_FP8: gl.constexpr = p_smem.dtype == gl.float8e4nv
+    P_SCALE: gl.constexpr = 256.0 if P_FP8 else 1.0  # fp8 P: 256 P keeps small probabilities normal
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, 64, 32 if P_FP8 else 16])
     S_ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     O_COL: gl.constexpr = gl.SliceLayout(0, O_MMA)
     acc0 = gl.zeros([128, 64], gl.float32, layout=O_MMA)
@@ -118,7 +108,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
     s_next = 0  # with EARLY_S, this warpgroup's next S in flight
     if EARLY_S:
         mbarrier.wait(loaded.index(WG % STAGES), (WG // STAGES) & 1, pred=WG < num_tiles)
-        s_next = _sw_issue(kv_latent, kv_rope, q_latent, q_rope, WG % STAGES, S_L)
+        s_next = S._sw_issue_scores(kv_latent, kv_rope, q_latent, q_rope, WG % STAGES, S_L)
     for j in range(num_pairs):
         t_own = 2 * j + WG
         slot_own = t_own % STAGES
@@ -127,7 +117,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
             s = warpgroup_mma_wait(0, deps=(s_next,))
         else:
             mbarrier.wait(loaded.index(slot_own), (t_own // STAGES) & 1)
-            s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_own, S_L)
+            s = S._sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_own, S_L)
         if WG == 1:  # tile 2j's max, factor: the chain's latest
             mbarrier.wait(pub.index(0), j & 1)
             m_run = m_smem.slice(0 * 64, 64).load(S_ROW)
@@ -138,7 +128,10 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
         m_run = m_new
         # publish P, the factor and the max (the buffer free once the other warpgroup read tile t_own - 2)
         mbarrier.wait(done.index(WG), (j - 1) & 1, pred=j > 0)
-        p_smem.index(WG).store(p.to(gl.float16))
+        if P_FP8:  # as 256 P, tokens in the order of _pv_chunk's fp8 fragment of V^T
+            S._sw_store_p(p, p_smem.index(WG))
+        else:
+            p_smem.index(WG).store(p.to(gl.float16))
         c_smem.slice(WG * 64, 64).store(c_own)
         m_smem.slice(WG * 64, 64).store(m_new)
         fence_async_shared()
@@ -184,7 +177,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
     gl.thread_barrier()
     mbarrier.arrive(fin, count=1)
     mbarrier.wait(fin, 0)
-    l_o = l_smem.slice(0 * 64, 64).load(O_COL) + l_smem.slice(1 * 64, 64).load(O_COL)
+    l_o = (l_smem.slice(0 * 64, 64).load(O_COL) + l_smem.slice(1 * 64, 64).load(O_COL)) * P_SCALE
     STORE: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])  # dims fastest
     rows = gl.arange(0, 64, layout=gl.SliceLayout(0, STORE))
     dims = gl.arange(0, 128, layout=gl.SliceLayout(1, STORE))
@@ -220,7 +213,8 @@ def _sw_refill(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, kv_row0, t
 
 @gluon.jit
 def seesaw_kernel(Q, lat_desc, rope_desc, OUT, LSE, seq_len, sm_scale_log2, GROUPS: gl.constexpr,
-                  STAGES: gl.constexpr, FP8_MAX: gl.constexpr, LOADER: gl.constexpr, EARLY_S: gl.constexpr):
+                  STAGES: gl.constexpr, FP8_MAX: gl.constexpr, LOADER: gl.constexpr, EARLY_S: gl.constexpr,
+                  P_FP8: gl.constexpr = False):
     """One program: 64 query rows (group pid % GROUPS of request pid // GROUPS) over the request's
     seq_len tokens (a multiple of 128: whole pairs of tiles), one split. The parent region (the
     first warpgroup) starts the first STAGES tile loads and quantises q, then forks: two compute
@@ -238,8 +232,8 @@ def seesaw_kernel(Q, lat_desc, rope_desc, OUT, LSE, seq_len, sm_scale_log2, GROU
     q_latent = gl.allocate_shared_memory(gl.float8e4nv, [4, 64, 128], KV_L)
     q_rope = gl.allocate_shared_memory(gl.float8e4nv, [64, 64],
                                        gl.NVMMASharedLayout.get_default_for([64, 64], gl.float8e4nv))
-    p_smem = gl.allocate_shared_memory(gl.float16, [2, 64, 64],
-                                       gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16))
+    P_DTYPE: gl.constexpr = gl.float8e4nv if P_FP8 else gl.float16
+    p_smem = gl.allocate_shared_memory(P_DTYPE, [2, 64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], P_DTYPE))
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     c_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     m_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
@@ -304,7 +298,7 @@ def seesaw_kernel(Q, lat_desc, rope_desc, OUT, LSE, seq_len, sm_scale_log2, GROU
 
 
 
-def seesaw(q, kv, seq_len, sm_scale, stages=4, loader=True, early_s=False):
+def seesaw(q, kv, seq_len, sm_scale, stages=4, loader=True, early_s=False, p_fp8=False):
     """q (batch, heads, 576) bf16, heads a multiple of 64; kv (batch * seq_len, 1, 576) fp8, request
     b's tokens at rows b * seq_len ...: (out (batch, heads, 512) float32, lse (batch, heads))."""
     batch, heads, _ = q.shape
@@ -315,11 +309,11 @@ def seesaw(q, kv, seq_len, sm_scale, stages=4, loader=True, early_s=False):
     lat_desc, rope_desc = S.kv_descriptors(kv)
     seesaw_kernel[(batch * heads // 64,)](q, lat_desc, rope_desc, out, lse, seq_len, sm_scale * math.log2(math.e),
                                           GROUPS=heads // 64, STAGES=stages, FP8_MAX=448.0, LOADER=loader,
-                                          EARLY_S=early_s, num_warps=4)
+                                          EARLY_S=early_s, P_FP8=p_fp8, num_warps=4)
     return out.view(batch, heads, 512), lse.view(batch, heads)
 
 
-def compile_facts(stages=4, loader=True, early_s=False):
+def compile_facts(stages=4, loader=True, early_s=False, p_fp8=False):
     """The sm_90 compile (no GPU; Gluon needs TRITON_INTERPRET unset): what the PTX and ptxas say."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -328,7 +322,8 @@ def compile_facts(stages=4, loader=True, early_s=False):
     lead = S._hopper_leading_signature()
     signature = {"Q": "*bf16", "lat_desc": lead["lat_desc"], "rope_desc": lead["rope_desc"], "OUT": "*fp32",
                  "LSE": "*fp32", "seq_len": "i32", "sm_scale_log2": "fp32"}
-    constexprs = {"GROUPS": 2, "STAGES": stages, "FP8_MAX": 448.0, "LOADER": loader, "EARLY_S": early_s}
+    constexprs = {"GROUPS": 2, "STAGES": stages, "FP8_MAX": 448.0, "LOADER": loader, "EARLY_S": early_s,
+                  "P_FP8": p_fp8}
     signature.update({name: "constexpr" for name in constexprs})
     src = GluonASTSource(fn=seesaw_kernel, signature=signature, constexprs=constexprs, attrs={})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -339,6 +334,7 @@ def compile_facts(stages=4, loader=True, early_s=False):
             "setmaxnreg": "setmaxnreg" in ptx,
             "fp8_scores": bool(re.search(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx)),
             "f16_products": bool(re.search(r"wgmma\.mma_async\S*\.f16\.f16", ptx)),
+            "f16_conversions": ptx.count("cvt.rn.f16x2.e4m3x2"),
             "wgmma_serialised": "C7512" in kernel_asm.run_ptxas(ptx)}
 
 
@@ -366,23 +362,26 @@ def back_to_back(fn, calls=10):
 def run(args):
     torch.manual_seed(0)
     sm_scale = 576 ** -0.5
-    options = dict(stages=args.stages, loader=not args.no_loader, early_s=args.early_s)
+    forms = {f"seesaw {p} P": dict(stages=args.stages, loader=not args.no_loader, early_s=args.early_s,
+                                   p_fp8=p == "fp8") for p in (("f16", "fp8") if args.p == "both" else (args.p,))}
     for batch, heads, seq_len in ((2, 64, 256), (3, 128, 1024), (1, 64, 4096)):
         q = torch.randn(batch, heads, 576, device="cuda").to(torch.bfloat16)
         kv = (torch.randn(batch * seq_len, 1, 576, device="cuda") * 2).to(torch.float8_e4m3fn)
         exact, exact_lse = reference(q, kv, seq_len, sm_scale)
-        out, lse = seesaw(q, kv, seq_len, sm_scale, **options)
-        print(f"right b{batch} h{heads} L{seq_len}: out rel L2 {((out.double() - exact).norm() / exact.norm()):.3e} "
-              f"(zeros: 1), lse max abs {(lse.double() - exact_lse).abs().max():.3e}, "
-              f"finite {bool(torch.isfinite(out).all())}", flush=True)
+        for name, options in forms.items():
+            out, lse = seesaw(q, kv, seq_len, sm_scale, **options)
+            print(f"right b{batch} h{heads} L{seq_len} {name}: out rel L2 "
+                  f"{((out.double() - exact).norm() / exact.norm()):.3e} (zeros: 1), lse max abs "
+                  f"{(lse.double() - exact_lse).abs().max():.3e}, finite {bool(torch.isfinite(out).all())}",
+                  flush=True)
     flashmla = load_flashmla(args.flashmla) if args.flashmla else None
     flush = utils.L2Flusher("default")
     for batch, heads, seq_len in ((128, 128, 4096), (128, 128, 8192), (64, 128, 16384), (128, 64, 8192)):
-        time_shape(batch, heads, seq_len, sm_scale, options, flashmla, flush)
+        time_shape(batch, heads, seq_len, sm_scale, forms, flashmla, flush)
 
 
-def time_shape(batch, heads, seq_len, sm_scale, options, flashmla, flush):
-    """The seesaw against mla_decode_with_kvcache (and FlashMLA) on one uniform shape, fresh inputs."""
+def time_shape(batch, heads, seq_len, sm_scale, forms, flashmla, flush):
+    """The seesaw's forms against mla_decode_with_kvcache (and FlashMLA) on one uniform shape, fresh inputs."""
     q = torch.randn(batch, heads, 576, device="cuda").to(torch.bfloat16)
     kv = torch.randn(batch * seq_len, 1, 576, device="cuda").to(torch.float8_e4m3fn)
     pages = kv.view(batch * seq_len // 64, 64, 1, 576)
@@ -390,8 +389,9 @@ def time_shape(batch, heads, seq_len, sm_scale, options, flashmla, flush):
     lens = torch.full((batch,), seq_len, device="cuda", dtype=torch.int32)
     plan, _ = S.get_mla_decode_metadata()
     q4 = q.view(batch, 1, heads, 576)
-    calls = {"product": lambda: S.mla_decode_with_kvcache(q4, pages, table, lens, 512, plan, k_scale=1.0),
-             "seesaw": lambda: seesaw(q, kv, seq_len, sm_scale, **options)}
+    calls = {"product": lambda: S.mla_decode_with_kvcache(q4, pages, table, lens, 512, plan, k_scale=1.0)}
+    for name, options in forms.items():
+        calls[name] = lambda options=options: seesaw(q, kv, seq_len, sm_scale, **options)
     if flashmla:
         pages16 = pages.float().to(torch.bfloat16)
         meta = flashmla.get_mla_metadata()[0]
@@ -399,8 +399,9 @@ def time_shape(batch, heads, seq_len, sm_scale, options, flashmla, flush):
     outs = {name: fn()[0].float().reshape(batch, heads, 512) for name, fn in calls.items()}
     flops = 2 * batch * heads * seq_len * (576 + 512)
     times = {name: (kernel_times(fn, 20, flush)[0], back_to_back(fn)) for name, fn in calls.items()}
-    print(f"b{batch} h{heads} L{seq_len}: seesaw out vs product rel L2 "
-          f"{((outs['seesaw'] - outs['product']).norm() / outs['product'].norm()):.2e}", flush=True)
+    print(f"b{batch} h{heads} L{seq_len}: out vs product rel L2 " + ", ".join(
+        f"{name} {((outs[name] - outs['product']).norm() / outs['product'].norm()):.2e}" for name in forms),
+        flush=True)
     for name, (flushed, streamed) in times.items():
         print(f"    {name}: {flushed:.1f} us after a flush, {streamed:.1f} back to back "
               f"({flops / streamed / 1e6:.0f} TFLOPS of bf16-equivalent work); product / it "
@@ -414,10 +415,12 @@ def main(argv=None):
     parser.add_argument("--no-loader", action="store_true",
                         help="no loader warp: the compute warpgroups refill the ring (256 threads, 255 registers)")
     parser.add_argument("--early-s", action="store_true", help="each warpgroup issues its next S under its P.V")
+    parser.add_argument("--p", choices=("f16", "fp8", "both"), default="both",
+                        help="P.V in f16 (V^T converted from fp8) or in fp8 (P as 256 P in fp8, V^T as read)")
     parser.add_argument("--flashmla", help="FlashMLA's build folder (.peers/flashmla_build.sh): timed beside")
     args = parser.parse_args(argv)
     if args.compile_only:
-        print(json.dumps(compile_facts(args.stages, not args.no_loader, args.early_s)))
+        print(json.dumps(compile_facts(args.stages, not args.no_loader, args.early_s, args.p == "fp8")))
         return 0
     if not (S.HAVE_GLUON and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
         print("seesaw_probe: needs a Hopper GPU (and Triton's Gluon); --compile-only runs anywhere")
