@@ -4443,7 +4443,9 @@ def _fill_plan(plan, shape, route, block_table, device):
     params = route["params"]
     if route["route"] == "hopper_paged":
         if plan.num_splits is None:  # the batch's chunks: one per program slot of the GPU
-            resident = sm_count(device) * hopper_programs_per_sm(params["num_warps"], params["num_stages"],
+            # the seesaw kernel's program is three warpgroups of num_warps: two compute, the loader's warp padded
+            warps = params["num_warps"] * (3 if params.get("seesaw") else 1)
+            resident = sm_count(device) * hopper_programs_per_sm(warps, params["num_stages"],
                                                                  2 if shape[4] == "bf16" else 1, rows)
             plan.num_splits = max(1, params["waves"] * resident // groups)
         slots = groups * (plan.num_splits + batch)  # work items: at most a chunk count plus one per request
