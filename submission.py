@@ -2561,21 +2561,37 @@ def _sw_store_p(p, p_buf):
 
 
 @gluon.jit
-def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, c_buf, WG: gl.constexpr,
-           O_MMA: gl.constexpr):
+def _sw_publish(c_own, m_new, c_smem, m_smem, published, WG: gl.constexpr):
+    """Warpgroup WG's tile to the other warpgroup, once its P is stored: the rescale factors and
+    running maxima into WG's half of c_smem and m_smem, then `published` arrives when every
+    thread's stores are visible to the async proxy (the other warpgroup's MMAs read P)."""
+    c_smem.slice(WG * 64, 64).store(c_own)
+    m_smem.slice(WG * 64, 64).store(m_new)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(published, count=1)
+
+
+@gluon.jit
+def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_smem, c_smem, acc0, acc1, free, release,
+           B: gl.constexpr, WG: gl.constexpr, O_MMA: gl.constexpr):
     """acc_c = acc_c x c + V_c^T P^T for warpgroup WG's two 128-dim chunks of ring slot `slot`
-    (tile `tile` of the segment), fp8 wgmma with V^T read as it is, waited for. The segment's
-    last tile first has this warpgroup's chunks zeroed past kv_end (_zero_tail: a page's tail may
-    hold NaN, and 0 x NaN is NaN)."""
+    (tile `tile` of the segment) with the pair's P and factors of buffer B (tile 2j + B: p_smem[B],
+    c_smem's half B), fp8 wgmma with V^T read as it is, waited for; then the slot is released on
+    free[slot] where `release`. The segment's last tile first has this warpgroup's chunks zeroed
+    past kv_end (_zero_tail: a page's tail may hold NaN, and 0 x NaN is NaN)."""
     if real & (kv_begin + (tile + 1) * 64 > kv_end):
         _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * 64, 2, 64, 128, 4)
         fence_async_shared()
         gl.thread_barrier()
-    c_o = c_buf.load(gl.SliceLayout(0, O_MMA))
+    c_o = c_smem.slice(B * 64, 64).load(gl.SliceLayout(0, O_MMA))
     first = slot * 4 + 2 * WG
-    acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, c_o, 4, O_MMA, 128, 4)
-    acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, c_o, 4, O_MMA, 128, 4)
-    return warpgroup_mma_wait(0, deps=(acc0, acc1))
+    acc0 = _pv_chunk(kv_latent.index(first), p_smem.index(B), acc0, c_o, 4, O_MMA, 128, 4)
+    acc1 = _pv_chunk(kv_latent.index(first + 1), p_smem.index(B), acc1, c_o, 4, O_MMA, 128, 4)
+    acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+    gl.thread_barrier()  # every warp's MMAs have read the slot
+    mbarrier.arrive(free.index(slot), count=1, pred=release)
+    return acc0, acc1
 
 
 @gluon.jit
@@ -2698,40 +2714,29 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
             # publish P, the factor and the max (the buffers free once the other warpgroup read the pair before's)
             mbarrier.wait(done.index(WG), phase ^ 1, pred=pairs + j > 0)
             _sw_store_p(p, p_smem.index(WG))
-            c_smem.slice(WG * 64, 64).store(c_own)
-            m_smem.slice(WG * 64, 64).store(m_new)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(pub.index(WG), count=1)
+            _sw_publish(c_own, m_new, c_smem, m_smem, pub.index(WG), WG)
             p_sum = gl.sum(p, 1)
+            # P.V of tile 2j, then of tile 2j + 1 (a phantom's slot is 2j's: released after it, once)
             if WG == 0:
                 l_run = l_run * c_own + p_sum
-                acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem.index(0), acc0,
-                                    acc1, c_smem.slice(0, 64), WG, O_MMA)
-                gl.thread_barrier()
-                mbarrier.arrive(free.index(slot_first), count=1, pred=second)
+                acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem, c_smem, acc0, acc1,
+                                    free, second, 0, WG, O_MMA)
                 mbarrier.wait(pub.index(1), phase)
                 m_run = m_smem.slice(64, 64).load(S_ROW)
                 l_run = l_run * c_smem.slice(64, 64).load(S_ROW)
                 mbarrier.wait(loaded.index(slot_second), phase_second)  # this warpgroup sees the copy land
-                acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem.index(1),
-                                    acc0, acc1, c_smem.slice(64, 64), WG, O_MMA)
-                gl.thread_barrier()
-                mbarrier.arrive(free.index(slot_second), count=1)
+                acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem, c_smem,
+                                    acc0, acc1, free, True, 1, WG, O_MMA)
                 mbarrier.arrive(done.index(1), count=1)
             else:
                 l_run = l_run * c_smem.slice(0, 64).load(S_ROW)
                 mbarrier.wait(loaded.index(slot_first), (g_first // STAGES) & 1)
-                acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem.index(0), acc0,
-                                    acc1, c_smem.slice(0, 64), WG, O_MMA)
-                gl.thread_barrier()
-                mbarrier.arrive(free.index(slot_first), count=1, pred=second)
+                acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem, c_smem, acc0, acc1,
+                                    free, second, 0, WG, O_MMA)
                 mbarrier.arrive(done.index(0), count=1)
                 l_run = l_run * c_own + p_sum
-                acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem.index(1),
-                                    acc0, acc1, c_smem.slice(64, 64), WG, O_MMA)
-                gl.thread_barrier()
-                mbarrier.arrive(free.index(slot_second), count=1)
+                acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem, c_smem,
+                                    acc0, acc1, free, True, 1, WG, O_MMA)
         pairs += num_pairs
         consumed += num_tiles
 

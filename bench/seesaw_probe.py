@@ -132,11 +132,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
             S._sw_store_p(p, p_smem.index(WG))
         else:
             p_smem.index(WG).store(p.to(gl.float16))
-        c_smem.slice(WG * 64, 64).store(c_own)
-        m_smem.slice(WG * 64, 64).store(m_new)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(pub.index(WG), count=1)
+        S._sw_publish(c_own, m_new, c_smem, m_smem, pub.index(WG), WG)
         p_sum = gl.sum(p, 1)
         if WG == 0:
             l_run = l_run * c_own + p_sum
