@@ -2757,6 +2757,27 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
 
 
 @gluon.jit
+def _sw_barriers(STAGES: gl.constexpr):
+    """The seesaw's mbarriers, initialised: per ring slot `loaded` (the TMA copy) and `free` (both
+    compute warpgroups released it), per P buffer `pub` (published) and `done` (the other warpgroup
+    read it), and `fin` (both warpgroups' row sums written)."""
+    BAR: gl.constexpr = mbarrier.MBarrierLayout()
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
+    pub = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    done = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    fin = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(i), count=1)
+        mbarrier.init(free.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(pub.index(i), count=1)
+        mbarrier.init(done.index(i), count=1)
+    mbarrier.init(fin, count=2)
+    return loaded, free, pub, done, fin
+
+
+@gluon.jit
 def _mla_decode_seesaw_kernel(
     Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
@@ -2810,19 +2831,8 @@ def _mla_decode_seesaw_kernel(
     c_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     m_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     l_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
-    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
-    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
-    pub = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
-    done = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
-    fin = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    loaded, free, pub, done, fin = _sw_barriers(STAGES)
     staged = gl.allocate_shared_memory(gl.int64, [1], BAR)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(loaded.index(i), count=1)
-        mbarrier.init(free.index(i), count=2)
-    for i in gl.static_range(2):
-        mbarrier.init(pub.index(i), count=1)
-        mbarrier.init(done.index(i), count=1)
-    mbarrier.init(fin, count=2)
     mbarrier.init(staged, count=2)
     # Triton 3.6 reads the descriptors' metadata from the parent region and crashes where they
     # have no use there: one copy that never runs

@@ -234,19 +234,7 @@ def seesaw_kernel(Q, lat_desc, rope_desc, OUT, LSE, seq_len, sm_scale_log2, GROU
     c_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     m_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     l_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
-    BAR: gl.constexpr = mbarrier.MBarrierLayout()
-    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
-    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
-    pub = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
-    done = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
-    fin = gl.allocate_shared_memory(gl.int64, [1], BAR)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(loaded.index(i), count=1)
-        mbarrier.init(free.index(i), count=2)
-    for i in gl.static_range(2):
-        mbarrier.init(pub.index(i), count=1)
-        mbarrier.init(done.index(i), count=1)
-    mbarrier.init(fin, count=2)
+    loaded, free, pub, done, fin = S._sw_barriers(STAGES)
     # the first tiles fly while q is quantised (and the descriptors need a use outside the partitions:
     # Triton 3.6 reads their metadata from the parent region, and crashes where there is none)
     for t in gl.static_range(STAGES):
