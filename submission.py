@@ -1279,8 +1279,9 @@ def _v_f16(kv_chunk, WARPS: gl.constexpr):
 @gluon.jit
 def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: gl.constexpr,
               CHUNK: gl.constexpr, K_WIDTH: gl.constexpr = 4):
-    """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously; K_WIDTH 2:
-    V converted to f16 (exact, _v_f16) for an f16 product with P^T in f16."""
+    """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously (correction2
+    None: acc as it is, the caller rescaled it); K_WIDTH 2: V converted to f16 (exact, _v_f16) for an
+    f16 product with P^T in f16."""
     if K_WIDTH == 2:
         v = _v_f16(kv_chunk, WARPS)
     else:
@@ -1288,7 +1289,8 @@ def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: g
     bits = gl.reshape(v, [2] * 13)
     v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS, K_WIDTH).value), [CHUNK, 64])
     v_t = gl.convert_layout(v_t, gl.DotOperandLayout(0, O_MMA, K_WIDTH))
-    acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
+    if correction2 is not None:
+        acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
     return warpgroup_mma(v_t, pt_smem.permute((1, 0)), acc, is_async=True)
 
 @gluon.jit
@@ -2458,6 +2460,11 @@ def _mla_decode_gathered_hopper_kernel(
 # compute warpgroups out of phase and a one-warp TMA loader; the schedule, pages, partials and
 # merge of _hopper_decode's serving path.
 
+# A row's running max moves only where a tile passes it by more than this (log2 units, NOTES.md
+# h52): P <= 2^0.8, stored as 256 P <= 446 within e4m3's 448
+SW_TAU = gl.constexpr(0.8)
+
+
 @gluon.jit
 def _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk,
              BLOCK_N: gl.constexpr):
@@ -2506,12 +2513,12 @@ def _sw_loader(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQL
 
 
 @gluon.jit
-def _sw_stage_q(Q, q_latent, q_rope, q_scale, request, group, live, num_heads, q_len, stride_q_batch, stride_q_token,
-                stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr):
+def _sw_stage_q(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len, stride_q_batch,
+                stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr):
     """Warpgroup WG's 32 of the program's 64 query rows into shared memory in fp8, each row scaled
     by its own amax (one pass for the amax, one to store: the second reads hit the cache), and the
-    rows' scales (amax / FP8_MAX) into q_scale. Rows past s_q x h_q, or of a work item past the
-    batch, are zeros."""
+    rows' scales (amax / FP8_MAX) into q_scale. q takes kv_scale's sign, so that S's scale per row
+    (_sw_compute's) is positive. Rows past s_q x h_q, or of a work item past the batch, are zeros."""
     QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     row_ok, q_token, head = _serving_rows(2 * group + WG, num_heads, q_len, 32, gl.SliceLayout(1, QL))
     ok = gl.expand_dims(row_ok & live, 1)
@@ -2523,7 +2530,7 @@ def _sw_stage_q(Q, q_latent, q_rope, q_scale, request, group, live, num_heads, q
     for c in gl.static_range(4):
         amax = gl.maximum(amax, gl.max(gl.abs(gl.load(base + c * 128 + d128, mask=ok, other=0.0).to(gl.float32)), 1))
     amax = gl.maximum(amax, 1e-12)
-    inverse = gl.expand_dims(FP8_MAX / amax, 1)
+    inverse = gl.expand_dims(gl.where(kv_scale < 0, -FP8_MAX, FP8_MAX) / amax, 1)
     for c in gl.static_range(4):
         q = gl.load(base + c * 128 + d128, mask=ok, other=0.0).to(gl.float32)
         q_latent.index(c).slice(32 * WG, 32).store((q * inverse).to(gl.float8e4nv))
@@ -2553,9 +2560,9 @@ def _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot, S_L: gl.constexpr):
 
 @gluon.jit
 def _sw_store_p(p, p_buf):
-    """P (64 rows x 64 tokens, <= 1) into p_buf as fp8 256 P (256 keeps small probabilities
-    normal), its tokens in the order _pv_chunk's fp8 fragment of V^T gives them (_store_probs')."""
-    p_t = gl.reshape(gl.permute(gl.reshape(gl.permute(p * 256.0, (1, 0)), [2] * 6 + [64]), _pv_token_order().value),
+    """P (64 rows x 64 tokens) into p_buf in fp8 (the callers' P is 256 P, <= 256 x 2^SW_TAU: 256 keeps
+    small probabilities normal), its tokens in the order _pv_chunk's fp8 fragment of V^T gives them (_store_probs')."""
+    p_t = gl.reshape(gl.permute(gl.reshape(gl.permute(p, (1, 0)), [2] * 6 + [64]), _pv_token_order().value),
                      [64, 64])
     p_buf.store(gl.permute(p_t, (1, 0)).to(gl.float8e4nv))
 
@@ -2585,9 +2592,13 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_smem, c_smem, acc0, 
         fence_async_shared()
         gl.thread_barrier()
     c_o = c_smem.slice(B * 64, 64).load(gl.SliceLayout(0, O_MMA))
+    if gl.min(c_o, 0) < 1.0:  # some row's max moved (_sw_compute keeps it within SW_TAU): rescale
+        c_b = gl.expand_dims(c_o, 0)
+        acc0 = acc0 * c_b
+        acc1 = acc1 * c_b
     first = slot * 4 + 2 * WG
-    acc0 = _pv_chunk(kv_latent.index(first), p_smem.index(B), acc0, c_o, 4, O_MMA, 128, 4)
-    acc1 = _pv_chunk(kv_latent.index(first + 1), p_smem.index(B), acc1, c_o, 4, O_MMA, 128, 4)
+    acc0 = _pv_chunk(kv_latent.index(first), p_smem.index(B), acc0, None, 4, O_MMA, 128, 4)
+    acc1 = _pv_chunk(kv_latent.index(first + 1), p_smem.index(B), acc1, None, 4, O_MMA, 128, 4)
     acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
     gl.thread_barrier()  # every warp's MMAs have read the slot
     mbarrier.arrive(free.index(slot), count=1, pred=release)
@@ -2610,9 +2621,9 @@ def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O
     out_base = OUT + request.to(gl.int64) * stride_o_batch
     out_rows = q_token * stride_o_token + head * stride_o_head
     lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
-    lse2, _ = _split_lse(m_run, l_s)
+    lse2, _ = _split_lse(m_run - 8.0, l_s)  # the row sums are of 256 P
     lse2 += poison
-    safe_o = gl.where(l_o != 0, l_o, 1.0) * 256.0  # P was stored as 256 P
+    safe_o = gl.where(l_o != 0, l_o, 1.0)
     if num_splits == 1:
         head_scale = gl.where(l_o != 0, kv_scale / safe_o, 0.0) + poison
         _store_chunk(o0, out_base + 256 * WG, head_scale, 512, out_rows, row_ok)
@@ -2665,15 +2676,19 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
         split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end, live, num_tiles = _sw_work(
             CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk, 64)
         # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this
-        _sw_stage_q(Q, q_latent, q_rope, q_scale, request, group, live, num_heads, q_len, stride_q_batch,
+        _sw_stage_q(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len, stride_q_batch,
                     stride_q_token, stride_q_head, WG, FP8_MAX)
         gl.thread_barrier()
         mbarrier.arrive(staged, count=1)
         mbarrier.wait(staged, segment & 1)
-        row_scale = gl.expand_dims(q_scale.load(S_ROW) * (sm_scale_log2 * kv_scale), 1)
+        # S's scale per row, positive (q took kv_scale's sign; a NaN stays): max commutes with it
+        kv_abs = gl.abs(kv_scale)
+        row_scale = q_scale.load(S_ROW) * (sm_scale_log2 * gl.where(kv_abs < 1e-30, 1e-30, kv_abs))
+        tokens_end = kv_end  # every token before it is attended by every row
         if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
             _, row_token, _ = _serving_rows(group, num_heads, q_len, 64, S_ROW)
             row_limits = gl.expand_dims(gl.minimum(kv_end, seq_len - q_len + 1 + row_token), 1)
+            tokens_end = gl.minimum(kv_end, seq_len - q_len + 1)
         bt_row = BLOCK_TABLE + request.to(gl.int64) * stride_bt
         acc0 = gl.zeros([128, 64], gl.float32, layout=O_MMA)
         acc1 = gl.zeros([128, 64], gl.float32, layout=O_MMA)
@@ -2700,16 +2715,19 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
                 mbarrier.wait(pub.index(0), phase)  # tile 2j's max and factor: the chain's latest
                 m_run = m_smem.slice(0, 64).load(S_ROW)
             bad |= (own_real & ((block < 0) | (block >= num_blocks))).to(gl.int32)
-            positions = gl.expand_dims(kv_begin + t_own * 64 + tokens, 0)
-            if CAUSAL:
-                valid = positions < row_limits
-            else:
-                valid = positions < kv_end
-            s = gl.where(valid, s * row_scale, float("-inf"))
-            m_new = gl.maximum(m_run, gl.max(s, 1))
+            if kv_begin + (t_own + 1) * 64 > tokens_end:  # a tile some row attends only in part
+                positions = gl.expand_dims(kv_begin + t_own * 64 + tokens, 0)
+                if CAUSAL:
+                    s = gl.where(positions < row_limits, s, float("-inf"))
+                else:
+                    s = gl.where(positions < kv_end, s, float("-inf"))
+            # a row's max moves only where this tile passes it by more than SW_TAU (so P <= 2^SW_TAU):
+            # most tiles leave every row's factor 1 and the P.V skips the rescale (FlashAttention 4's)
+            m_tile = gl.max(s, 1) * row_scale
+            m_new = gl.where(m_tile > m_run + SW_TAU, m_tile, m_run)
             shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing attended yet
             c_own = gl.exp2(m_run - shift)
-            p = gl.exp2(s - gl.expand_dims(shift, 1))
+            p = gl.exp2(s * gl.expand_dims(row_scale, 1) + gl.expand_dims(8.0 - shift, 1))  # 256 P
             m_run = m_new
             # publish P, the factor and the max (the buffers free once the other warpgroup read the pair before's)
             mbarrier.wait(done.index(WG), phase ^ 1, pred=pairs + j > 0)

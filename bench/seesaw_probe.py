@@ -129,7 +129,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
         # publish P, the factor and the max (the buffer free once the other warpgroup read tile t_own - 2)
         mbarrier.wait(done.index(WG), (j - 1) & 1, pred=j > 0)
         if P_FP8:  # as 256 P, tokens in the order of _pv_chunk's fp8 fragment of V^T
-            S._sw_store_p(p, p_smem.index(WG))
+            S._sw_store_p(p * P_SCALE, p_smem.index(WG))
         else:
             p_smem.index(WG).store(p.to(gl.float16))
         S._sw_publish(c_own, m_new, c_smem, m_smem, pub.index(WG), WG)

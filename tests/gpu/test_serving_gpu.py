@@ -232,3 +232,26 @@ def test_seesaw_rows_are_right_and_agree_with_the_tokens_as_m_kernel(monkeypatch
     assert torch.isnan(out[1, 0, 0]).all() and torch.isfinite(out[0]).all()
     if lens[1] > 0:  # the NaN's row attends something
         assert torch.isnan(lse[1, 0, 0])
+
+
+@pytest.mark.skipif(not submission.HOPPER, reason="the seesaw kernel is the Hopper route's (an H100/H200)")
+@pytest.mark.parametrize("profile", ["late jump", "ramp"])
+def test_seesaw_running_max_moving_late_and_by_small_steps(profile):
+    """The seesaw's lazy running max (NOTES.md h52: a row's max moves only where a tile passes it by
+    more than SW_TAU, and the P.V skips the rescale where no row's max moved): keys scaled so that
+    every row's max jumps in the last third of a long request after many tiles without a move, or
+    climbs a little on every tile (P above 1 between moves); right against float64 either way."""
+    lens = [4000, 2500, 130]
+    case = make_case(len(lens), 1, 128, 64, lens, kv="fp8", seed=52)
+    table = case["block_table"].cpu()
+    scales = torch.ones(case["k_cache"].shape[:2])
+    for b, n in enumerate(lens):
+        for t in range(n):
+            jump = 1.0 if t >= 2 * n // 3 else 1 / 3
+            scales[table[b, t // 64], t % 64] = jump if profile == "late jump" else 0.25 + 0.75 * t / n
+    cache = case["k_cache"].float() * scales[:, :, None, None].cuda()
+    case["k_cache"] = cache.to(case["k_cache"].dtype)  # NaN slots stay NaN
+    plan = submission.get_mla_decode_metadata()[0]
+    out, lse = run(case, plan=plan)
+    assert plan.route["params"].get("seesaw"), plan.route
+    assert_right(case, out, lse, kv="fp8")
