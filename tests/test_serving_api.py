@@ -247,6 +247,24 @@ def test_nan_in_q_or_in_an_attended_token_stays_visible(kv, page):
     assert not torch.isfinite(out[1]).all() and torch.isfinite(out[0]).all()
 
 
+@pytest.mark.parametrize("h_q", [16, 128])
+@pytest.mark.parametrize("sign", [-1.0, 0.0])
+def test_a_negative_or_zero_k_scale_is_the_dequantisation_it_says(h_q, sign):
+    """k_scale is the dequantisation's factor, whatever its sign: a negative one negates every key and
+    value (the seesaw kernel at 128 heads stages q with its sign: NOTES.md h52), 0 makes every key
+    and value 0 (a uniform softmax, out 0, lse log n); as a float and as a tensor."""
+    case = make_case(2, 1, h_q, 64, [150, 33], kv="fp8", seed=53)
+    case["k_scale"] *= sign
+    for scale in (case["k_scale"], torch.tensor([case["k_scale"]], dtype=torch.float32, device=DEVICE)):
+        out, lse = run(case, k_scale=scale)
+        if sign:
+            assert_right(case, out, lse, kv="fp8")
+        else:  # out is exactly 0 (a relative error has no meaning there), lse the log of the length
+            assert (out == 0).all()
+            n = case["cache_seqlens"].cpu().double().log()[:, None, None].expand(lse.shape)
+            assert (lse.cpu().double() - n).abs().max().item() < 1e-3
+
+
 @pytest.mark.parametrize("page", [16, 64])
 def test_k_scale_as_tensor_or_float(page):
     case = make_case(2, 1, 16, page, [20, 30], kv="fp8", seed=13)
