@@ -2584,7 +2584,8 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_smem, c_smem, acc0, 
            B: gl.constexpr, WG: gl.constexpr, O_MMA: gl.constexpr):
     """acc_c = acc_c x c + V_c^T P^T for warpgroup WG's two 128-dim chunks of ring slot `slot`
     (tile `tile` of the segment) with the pair's P and factors of buffer B (tile 2j + B: p_smem[B],
-    c_smem's half B), fp8 wgmma with V^T read as it is, waited for; then the slot is released on
+    c_smem's half B; the rescale only where some factor is below 1, h52), fp8 wgmma with V^T read as
+    it is, waited for; then the slot is released on
     free[slot] where `release`. The segment's last tile first has this warpgroup's chunks zeroed
     past kv_end (_zero_tail: a page's tail may hold NaN, and 0 x NaN is NaN)."""
     if real & (kv_begin + (tile + 1) * 64 > kv_end):
@@ -4226,8 +4227,9 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # the batch's lengths in one warp, so up to 1024 requests; "rows": query rows per program (16 where absent),
 # each program one pass over its split's tiles (with spans, over each of its segments'). An fp8 cache with 64
 # or more rows on pages of whole tiles: the seesaw kernel ("seesaw": query rows as M, two compute warpgroups
-# out of phase and a loader warp, S and P.V in fp8 with P as 256 P; 4 warps a warpgroup, 4 ring slots; grid A
-# 1.30x the tokens-as-M row's kernel time, 0.94x FlashMLA's: NOTES.md h51). A bf16 cache with 32 or more rows:
+# out of phase and a loader warp, S and P.V in fp8 with P as 256 P, a lazy running max; 4 warps a warpgroup, 4
+# ring slots; grid A 1.30x the tokens-as-M row's kernel time, then 1.06x with the lazy max: 0.99x FlashMLA's,
+# NOTES.md h51, h52). A bf16 cache with 32 or more rows:
 # 32 rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x the 16-row
 # row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted exactly in registers, P in f16,
 # half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64 rows and 8 warps on pages shorter than a
