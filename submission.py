@@ -706,6 +706,12 @@ def decode_launch_args(q, q_strides, kv, kv_scale, out, out_strides, lse, lse_st
     (qo_indptr, kv_indptr) for contiguous rows, else None; paging (cache_seqlens, block_table,
     page_size) for a paged cache, else None."""
     cache_seqlens, block_table, page_size = paging if paging is not None else (None, None, 0)
+    apart = tuple(stride * kv.element_size() for stride in kv.stride()[:-2])  # bytes between blocks and rows
+    if kv.data_ptr() % 16 or any(step % 16 for step in apart):
+        # where they are not, Triton 3.6 compiles this kernel's reads of either format with shared
+        # memory past what it allots (compute-sanitizer on an H200; NOTES.md h55)
+        raise ValueError(f"the cache starts at address {kv.data_ptr():#x} with strides of {apart} bytes: it must "
+                         "start on 16 bytes, its blocks and rows a multiple of 16 bytes apart")
     scale_value = 1.0 if isinstance(kv_scale, torch.Tensor) else float(kv_scale)
     if paging is None:  # kv (rows, 1, 576), q (batch, heads, 576)
         capacity, stride_block, stride_token, stride_bt, q_len = 0, 0, kv.stride(0), 0, 1
@@ -1173,6 +1179,9 @@ TMA_BOX_BYTES = 128  # bytes of latent dims per row of a 3D TMA box: the 128-byt
 _DIM_BIT = {4: (2, 3, 4, 0, 5, 6, 1), 8: (1, 2, 3, 0, 4, 5, 6)}
 _TOKEN_BIT = {4: (0, 3, 1, 2, 4, 5), 2: (0, 1, 2, 3, 4, 5)}
 _K_BITS = {4: ((0, 1, 4, 5), (2, 3)), 2: ((0, 3, 4, 5), (1, 2))}  # k bits in (registers, lanes)
+# The fp8 fragment read by ldmatrix.trans (_v_ldsm, 4 warps): its lanes hold 16-bit words (dim pairs)
+# 0-7 of an 8 x 8 matrix, so row bits 0-2 are dim bits 1-3 and dim bit 0 picks the byte (row bit 3)
+_DIM_BIT_LDSM = (1, 2, 3, 0, 5, 6, 4)
 
 @_constexpr_function
 def _v_operand_load_layout(warps, k_width=4):
@@ -1196,14 +1205,20 @@ def _v_operand_order(warps, k_width=4):
     return tuple(rows + [5 - _TOKEN_BIT[k_width][i] for i in range(5, -1, -1)])
 
 @_constexpr_function
+def _v_ldsm_order():
+    """_v_operand_order(4, 4) for _v_ldsm's rows (_DIM_BIT_LDSM)."""
+    rows = [12 - _DIM_BIT_LDSM[i] for i in range(6, -1, -1)]
+    return tuple(rows + [5 - _TOKEN_BIT[4][i] for i in range(5, -1, -1)])
+
+@_constexpr_function
 def _pv_token_order():
     """gl.permute order taking (64 tokens x N) split into 6 token bits + N to (k x N) (fp8)."""
     return tuple([5 - _TOKEN_BIT[4][i] for i in range(5, -1, -1)] + [6])
 
 @_constexpr_function
-def _rows_to_dims_order(warps):
+def _rows_to_dims_order(warps, v_ldsm=False):
     """gl.permute order taking (128 rows x N) split into 7 row bits + N to (dims x N)."""
-    rows_of_dim = {d: i for i, d in enumerate(_DIM_BIT[warps])}
+    rows_of_dim = {d: i for i, d in enumerate(_DIM_BIT_LDSM if v_ldsm else _DIM_BIT[warps])}
     return tuple([6 - rows_of_dim[j] for j in range(6, -1, -1)] + [7])
 
 @_constexpr_function
@@ -1277,27 +1292,49 @@ def _v_f16(kv_chunk, WARPS: gl.constexpr):
 
 
 @gluon.jit
+def _v_ldsm(kv_chunk):
+    """A V chunk (64 tokens x 128 fp8 dims) as the fp8 MMA's A fragment of V^T (128 rows x 64 k, rows
+    by _DIM_BIT_LDSM, k by _TOKEN_BIT[4]) at 4 warps: read as 16-bit words (dim pairs) by ldmatrix.trans,
+    which gives a thread tokens t and t + 1 of a word per register (token bit 8 in the next one), then
+    one prmt per fragment register: the low bytes of the two registers are dim 2w's tokens t, t + 1,
+    t + 8, t + 9, the high bytes dim 2w + 1's (NOTES.md h53)."""
+    words = kv_chunk._reinterpret(gl.int16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.int16))
+    WORDS: gl.constexpr = gl.DistributedLinearLayout([[1, 0], [8, 0], [16, 0], [32, 0], [0, 8]],
+                                                     [[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
+                                                     [[0, 16], [0, 32]], [], [64, 64])
+    low, high = gl.inline_asm_elementwise("prmt.b32 $0, $2, $3, 0x6420; prmt.b32 $1, $2, $3, 0x7531;",
+                                          "=r,=r,r,r", [words.load(WORDS)], (gl.int8, gl.int8), True, 4)
+    v = gl.reshape(gl.join(low, high), [64, 128]).to(gl.float8e4nv, bitcast=True)  # (token, 2 word + byte)
+    return gl.reshape(gl.permute(gl.reshape(v, [2] * 13), _v_ldsm_order().value), [128, 64])
+
+
+@gluon.jit
 def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: gl.constexpr,
-              CHUNK: gl.constexpr, K_WIDTH: gl.constexpr = 4):
+              CHUNK: gl.constexpr, K_WIDTH: gl.constexpr = 4, V_LDSM: gl.constexpr = False):
     """acc * correction + V_chunk^T . P^T with V^T in registers, issued asynchronously (correction2
     None: acc as it is, the caller rescaled it); K_WIDTH 2: V converted to f16 (exact, _v_f16) for an
-    f16 product with P^T in f16."""
-    if K_WIDTH == 2:
-        v = _v_f16(kv_chunk, WARPS)
+    f16 product with P^T in f16; V_LDSM: V^T's fp8 fragment by ldmatrix (_v_ldsm: its rows by
+    _DIM_BIT_LDSM)."""
+    if V_LDSM:
+        v_t = _v_ldsm(kv_chunk)
     else:
-        v = kv_chunk.load(_v_operand_load_layout(WARPS, K_WIDTH))
-    bits = gl.reshape(v, [2] * 13)
-    v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS, K_WIDTH).value), [CHUNK, 64])
+        if K_WIDTH == 2:
+            v = _v_f16(kv_chunk, WARPS)
+        else:
+            v = kv_chunk.load(_v_operand_load_layout(WARPS, K_WIDTH))
+        bits = gl.reshape(v, [2] * 13)
+        v_t = gl.reshape(gl.permute(bits, _v_operand_order(WARPS, K_WIDTH).value), [CHUNK, 64])
     v_t = gl.convert_layout(v_t, gl.DotOperandLayout(0, O_MMA, K_WIDTH))
     if correction2 is not None:
         acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
     return warpgroup_mma(v_t, pt_smem.permute((1, 0)), acc, is_async=True)
 
 @gluon.jit
-def _rows_to_dims(acc, WARPS: gl.constexpr):
+def _rows_to_dims(acc, WARPS: gl.constexpr, V_LDSM: gl.constexpr = False):
     """Undo _pv_chunk's relabelling of the output rows."""
     N: gl.constexpr = acc.shape[1]
-    return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS).value), [128, N])
+    return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS, V_LDSM).value),
+                      [128, N])
 
 @_constexpr_function
 def _output_layout(warps, rows=16, pairs=True):
@@ -2455,10 +2492,11 @@ def _mla_decode_gathered_hopper_kernel(
 
 
 # --- the serving API's fp8 cache with query rows as the MMA's M: the seesaw kernel ------------
-# FlashMLA's "seesaw" schedule (its deep-dive document describes it; none of its code is used) in
-# Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51): 64 query rows a program, two
-# compute warpgroups out of phase and a one-warp TMA loader; the schedule, pages, partials and
-# merge of _hopper_decode's serving path.
+# After FlashMLA's "seesaw" schedule (its deep-dive document describes it; none of its code is used)
+# in Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51): 64 query rows a program, two
+# compute warpgroups, a tile each of every pair of tiles (in step since h54: the pair's running max
+# from both tiles' maxima), and a one-warp TMA loader; the schedule, pages, partials and merge of
+# _hopper_decode's serving path.
 
 # A row's running max moves only where a tile passes it by more than this (log2 units, NOTES.md
 # h52): P <= 2^0.8, stored as 256 P <= 446 within e4m3's 448
@@ -2568,42 +2606,30 @@ def _sw_store_p(p, p_buf):
 
 
 @gluon.jit
-def _sw_publish(c_own, m_new, c_smem, m_smem, published, WG: gl.constexpr):
-    """Warpgroup WG's tile to the other warpgroup, once its P is stored: the rescale factors and
-    running maxima into WG's half of c_smem and m_smem, then `published` arrives when every
-    thread's stores are visible to the async proxy (the other warpgroup's MMAs read P)."""
-    c_smem.slice(WG * 64, 64).store(c_own)
-    m_smem.slice(WG * 64, 64).store(m_new)
+def _sw_arrive(bar):
+    """`bar` arrives once every thread of the warpgroup has stored what it guards, visible to the
+    async proxy too (the other warpgroup's MMAs read P)."""
     fence_async_shared()
     gl.thread_barrier()
-    mbarrier.arrive(published, count=1)
+    mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
-def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_smem, c_smem, acc0, acc1, free, release,
-           B: gl.constexpr, WG: gl.constexpr, O_MMA: gl.constexpr):
-    """acc_c = acc_c x c + V_c^T P^T for warpgroup WG's two 128-dim chunks of ring slot `slot`
-    (tile `tile` of the segment) with the pair's P and factors of buffer B (tile 2j + B: p_smem[B],
-    c_smem's half B; the rescale only where some factor is below 1, h52), fp8 wgmma with V^T read as
-    it is, waited for; then the slot is released on
-    free[slot] where `release`. The segment's last tile first has this warpgroup's chunks zeroed
-    past kv_end (_zero_tail: a page's tail may hold NaN, and 0 x NaN is NaN)."""
+def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG: gl.constexpr,
+           O_MMA: gl.constexpr):
+    """acc_c += V_c^T P^T for warpgroup WG's two 128-dim chunks of ring slot `slot` (tile `tile` of
+    the segment) with p_buf's P, fp8 wgmma with V^T's fragment by ldmatrix (_v_ldsm), waited for
+    (one tile's fragments in registers at a time). A real tile that is the segment's last first has
+    this warpgroup's chunks zeroed past kv_end (_zero_tail: a page's tail may hold NaN, and 0 x NaN
+    is NaN)."""
     if real & (kv_begin + (tile + 1) * 64 > kv_end):
         _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * 64, 2, 64, 128, 4)
         fence_async_shared()
         gl.thread_barrier()
-    c_o = c_smem.slice(B * 64, 64).load(gl.SliceLayout(0, O_MMA))
-    if gl.min(c_o, 0) < 1.0:  # some row's max moved (_sw_compute keeps it within SW_TAU): rescale
-        c_b = gl.expand_dims(c_o, 0)
-        acc0 = acc0 * c_b
-        acc1 = acc1 * c_b
     first = slot * 4 + 2 * WG
-    acc0 = _pv_chunk(kv_latent.index(first), p_smem.index(B), acc0, None, 4, O_MMA, 128, 4)
-    acc1 = _pv_chunk(kv_latent.index(first + 1), p_smem.index(B), acc1, None, 4, O_MMA, 128, 4)
-    acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
-    gl.thread_barrier()  # every warp's MMAs have read the slot
-    mbarrier.arrive(free.index(slot), count=1, pred=release)
-    return acc0, acc1
+    acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, None, 4, O_MMA, 128, 4, True)
+    acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, None, 4, O_MMA, 128, 4, True)
+    return warpgroup_mma_wait(0, deps=(acc0, acc1))
 
 
 @gluon.jit
@@ -2615,8 +2641,8 @@ def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O
     of one split; otherwise its half of the split's float32 partial (the lse by warpgroup 0), and
     the warpgroup that draws the request's last ticket (two a split) merges every dim."""
     OUT_L: gl.constexpr = _output_layout(4, 64, False)
-    o0 = gl.convert_layout(_rows_to_dims(acc0, 4), OUT_L)
-    o1 = gl.convert_layout(_rows_to_dims(acc1, 4), OUT_L)
+    o0 = gl.convert_layout(_rows_to_dims(acc0, 4, True), OUT_L)
+    o1 = gl.convert_layout(_rows_to_dims(acc1, 4, True), OUT_L)
     ROW_LAYOUT: gl.constexpr = m_run.type.layout
     row_ok, q_token, head = _serving_rows(group, num_heads, q_len, 64, ROW_LAYOUT)
     out_base = OUT + request.to(gl.int64) * stride_o_batch
@@ -2647,23 +2673,35 @@ def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O
 
 
 @gluon.jit
-def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free, pub,
-                done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, CACHE_SEQLENS, BLOCK_TABLE,
+def _sw_running_max(m_smem, m_run):
+    """The running max after a pair of tiles whose maxima are in m_smem's halves: it moves only
+    where the pair passes it by more than SW_TAU. Returns (the new max, the shift P's exponent
+    takes: the max, or 0 for a row with nothing attended yet, the rescale factor)."""
+    LAYOUT: gl.constexpr = m_run.type.layout
+    m_pair = gl.maximum(m_smem.slice(0, 64).load(LAYOUT), m_smem.slice(64, 64).load(LAYOUT))
+    m_new = gl.where(m_pair > m_run + SW_TAU, m_pair, m_run)
+    shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, shift, gl.exp2(m_run - shift)
+
+
+@gluon.jit
+def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free, tile_max,
+                pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, CACHE_SEQLENS, BLOCK_TABLE,
                 group, program, spans, segments, request, tile_begin, total, used, chunk, kv_scale, sm_scale_log2,
                 capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides, stride_bt, out_strides,
                 FP8_MAX: gl.constexpr, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
                 MAX_SPLITS: gl.constexpr, WG: gl.constexpr):
     """Compute warpgroup WG (4 warps) over the program's segments. Per segment: its 32 rows of q
-    (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1) S and the
-    softmax of tile 2j + WG, the running max chained between the warpgroups (warpgroup 1 starts
-    from tile 2j's, warpgroup 0 from tile 2j - 1's), P (fp8), the rescale factors and maxima
-    published on pub[WG] into p_smem[WG], c_smem and m_smem (released on done[WG] by the other
-    warpgroup), then P.V of both tiles for latent dims [256 WG, 256 WG + 256); ring slots are
-    released on free (both warpgroups arrive). An odd tile count ends on a phantom tile 2j + 1:
-    its S (of slot 2j, masked) gives P = 0 and factor 1 and its P.V reads slot 2j again, so no
-    barrier is skipped and nothing reads an unloaded slot. Row sums are kept per warpgroup and
-    added through l_smem on `fin`, with a bad block id's NaN (each warpgroup checks its own tiles'
-    ids). Barrier phases count pairs and segments across the program."""
+    (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1), both
+    warpgroups in step (NOTES.md h54): S of tile 2j + WG, its row maxima exchanged through m_smem
+    on tile_max (both take the pair's running max, SW_TAU's lazy one, and its one rescale factor),
+    P (fp8) published on pub[WG] into p_smem[WG] (released on done[WG] by the other warpgroup),
+    then P.V of both tiles for latent dims [256 WG, 256 WG + 256); ring slots are released on free
+    (both warpgroups arrive). An odd tile count ends on a phantom tile 2j + 1: its S (of slot 2j,
+    masked) gives P = 0 and its P.V reads slot 2j again, after 2j's, so no barrier is skipped and
+    nothing reads an unloaded slot. Row sums are kept per warpgroup and added through l_smem on
+    `fin`, with a bad block id's NaN (each warpgroup checks its own tiles' ids). Barrier phases
+    count pairs and segments across the program."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
     S_ROW: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -2702,19 +2740,18 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
             second = 2 * j + 1 < num_tiles  # tile 2j + 1 is real
             g_first = consumed + 2 * j
             slot_first = g_first % STAGES
+            phase_first = (g_first // STAGES) & 1
             slot_second = gl.where(second, (g_first + 1) % STAGES, slot_first)
-            phase_second = gl.where(second, ((g_first + 1) // STAGES) & 1, (g_first // STAGES) & 1)
+            phase_second = gl.where(second, ((g_first + 1) // STAGES) & 1, phase_first)
             t_own = 2 * j + WG
             own_real = t_own < num_tiles
             block = gl.load(bt_row + (kv_begin + t_own * 64) // PAGE_SIZE, mask=own_real, other=0)
             if WG == 0:
-                mbarrier.wait(loaded.index(slot_first), (g_first // STAGES) & 1)
+                mbarrier.wait(loaded.index(slot_first), phase_first)
                 s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_first, S_L)
             else:
                 mbarrier.wait(loaded.index(slot_second), phase_second)
                 s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_second, S_L)
-                mbarrier.wait(pub.index(0), phase)  # tile 2j's max and factor: the chain's latest
-                m_run = m_smem.slice(0, 64).load(S_ROW)
             bad |= (own_real & ((block < 0) | (block >= num_blocks))).to(gl.int32)
             if kv_begin + (t_own + 1) * 64 > tokens_end:  # a tile some row attends only in part
                 positions = gl.expand_dims(kv_begin + t_own * 64 + tokens, 0)
@@ -2722,40 +2759,40 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
                     s = gl.where(positions < row_limits, s, float("-inf"))
                 else:
                     s = gl.where(positions < kv_end, s, float("-inf"))
-            # a row's max moves only where this tile passes it by more than SW_TAU (so P <= 2^SW_TAU):
-            # most tiles leave every row's factor 1 and the P.V skips the rescale (FlashAttention 4's)
-            m_tile = gl.max(s, 1) * row_scale
-            m_new = gl.where(m_tile > m_run + SW_TAU, m_tile, m_run)
-            shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing attended yet
-            c_own = gl.exp2(m_run - shift)
+            # the pair's max: each warpgroup's tile max to m_smem, both read both (the same values in
+            # the same order: both keep the same running max)
+            m_smem.slice(WG * 64, 64).store(gl.max(s, 1) * row_scale)
+            gl.thread_barrier()
+            mbarrier.arrive(tile_max.index(WG), count=1)
+            mbarrier.wait(tile_max.index(1 - WG), phase)
+            # a row's max moves only where the pair passes it by more than SW_TAU (so P <= 2^SW_TAU):
+            # most pairs leave every row's factor 1 and skip the rescale (FlashAttention 4's)
+            m_run, shift, c = _sw_running_max(m_smem, m_run)
             p = gl.exp2(s * gl.expand_dims(row_scale, 1) + gl.expand_dims(8.0 - shift, 1))  # 256 P
-            m_run = m_new
-            # publish P, the factor and the max (the buffers free once the other warpgroup read the pair before's)
+            # publish P (the buffer is free once the other warpgroup's P.V of the pair before read it)
             mbarrier.wait(done.index(WG), phase ^ 1, pred=pairs + j > 0)
             _sw_store_p(p, p_smem.index(WG))
-            _sw_publish(c_own, m_new, c_smem, m_smem, pub.index(WG), WG)
-            p_sum = gl.sum(p, 1)
-            # P.V of tile 2j, then of tile 2j + 1 (a phantom's slot is 2j's: released after it, once)
-            if WG == 0:
-                l_run = l_run * c_own + p_sum
-                acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem, c_smem, acc0, acc1,
-                                    free, second, 0, WG, O_MMA)
-                mbarrier.wait(pub.index(1), phase)
-                m_run = m_smem.slice(64, 64).load(S_ROW)
-                l_run = l_run * c_smem.slice(64, 64).load(S_ROW)
-                mbarrier.wait(loaded.index(slot_second), phase_second)  # this warpgroup sees the copy land
-                acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem, c_smem,
-                                    acc0, acc1, free, True, 1, WG, O_MMA)
-                mbarrier.arrive(done.index(1), count=1)
-            else:
-                l_run = l_run * c_smem.slice(0, 64).load(S_ROW)
-                mbarrier.wait(loaded.index(slot_first), (g_first // STAGES) & 1)
-                acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem, c_smem, acc0, acc1,
-                                    free, second, 0, WG, O_MMA)
-                mbarrier.arrive(done.index(0), count=1)
-                l_run = l_run * c_own + p_sum
-                acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem, c_smem,
-                                    acc0, acc1, free, True, 1, WG, O_MMA)
+            c_smem.slice(WG * 64, 64).store(c)  # read back below in the accumulator's columns
+            _sw_arrive(pub.index(WG))
+            l_run = l_run * c + gl.sum(p, 1)
+            c_o = c_smem.slice(WG * 64, 64).load(O_COL)
+            if gl.min(c_o, 0) < 1.0:  # some row's max moved: rescale
+                c_b = gl.expand_dims(c_o, 0)
+                acc0 = acc0 * c_b
+                acc1 = acc1 * c_b
+            # P.V of tile 2j, then of tile 2j + 1 (a phantom's P is 0, its slot 2j's: released once)
+            mbarrier.wait(pub.index(0), phase)
+            mbarrier.wait(loaded.index(slot_first), phase_first)  # this warpgroup sees the copy land
+            acc0, acc1 = _sw_pv(kv_latent, slot_first, 2 * j, kv_begin, kv_end, True, p_smem.index(0), acc0, acc1,
+                                WG, O_MMA)
+            mbarrier.wait(pub.index(1), phase)
+            mbarrier.wait(loaded.index(slot_second), phase_second)
+            acc0, acc1 = _sw_pv(kv_latent, slot_second, 2 * j + 1, kv_begin, kv_end, second, p_smem.index(1), acc0,
+                                acc1, WG, O_MMA)
+            gl.thread_barrier()  # every warp's MMAs have read the slots and the other warpgroup's P
+            mbarrier.arrive(free.index(slot_first), count=1)
+            mbarrier.arrive(free.index(slot_second), count=1, pred=second)
+            mbarrier.arrive(done.index(1 - WG), count=1)
         pairs += num_pairs
         consumed += num_tiles
 
@@ -2778,11 +2815,13 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
 @gluon.jit
 def _sw_barriers(STAGES: gl.constexpr):
     """The seesaw's mbarriers, initialised: per ring slot `loaded` (the TMA copy) and `free` (both
-    compute warpgroups released it), per P buffer `pub` (published) and `done` (the other warpgroup
-    read it), and `fin` (both warpgroups' row sums written)."""
+    compute warpgroups released it), per compute warpgroup `tile_max` (its tile's maxima stored), per
+    P buffer `pub` (published) and `done` (the other warpgroup read it), and `fin` (both warpgroups'
+    row sums written)."""
     BAR: gl.constexpr = mbarrier.MBarrierLayout()
     loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
+    tile_max = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
     pub = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
     done = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
     fin = gl.allocate_shared_memory(gl.int64, [1], BAR)
@@ -2790,10 +2829,11 @@ def _sw_barriers(STAGES: gl.constexpr):
         mbarrier.init(loaded.index(i), count=1)
         mbarrier.init(free.index(i), count=2)
     for i in gl.static_range(2):
+        mbarrier.init(tile_max.index(i), count=1)
         mbarrier.init(pub.index(i), count=1)
         mbarrier.init(done.index(i), count=1)
     mbarrier.init(fin, count=2)
-    return loaded, free, pub, done, fin
+    return loaded, free, tile_max, pub, done, fin
 
 
 @gluon.jit
@@ -2811,9 +2851,9 @@ def _mla_decode_seesaw_kernel(
     """The serving API's fp8 cache on pages of whole tiles with query rows as the MMA's M (NOTES.md
     h51): grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
     chunks, or spans), the same partials, tickets and merge. The parent region computes the
-    schedule and forks: compute warpgroups 0 and 1 (_sw_compute, FlashMLA's seesaw order: one's
-    softmax under the other's MMAs, S and P.V in fp8 wgmma, P as 256 P in fp8) and a loader warp
-    (_sw_loader). Shared memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P."""
+    schedule and forks: compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in
+    step, S and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp (_sw_loader). Shared
+    memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P."""
     gl.static_assert(KV_FP8 and not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows of an fp8 cache, 4 warps")
     gl.static_assert(BLOCK_N == 64 and CHUNK == 128 and LATENT == 512 and PAGE_SIZE % BLOCK_N == 0,
                      "64-token tiles of one page")
@@ -2850,7 +2890,7 @@ def _mla_decode_seesaw_kernel(
     c_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     m_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     l_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
-    loaded, free, pub, done, fin = _sw_barriers(STAGES)
+    loaded, free, tile_max, pub, done, fin = _sw_barriers(STAGES)
     staged = gl.allocate_shared_memory(gl.int64, [1], BAR)
     mbarrier.init(staged, count=2)
     # Triton 3.6 reads the descriptors' metadata from the parent region and crashes where they
@@ -2861,16 +2901,16 @@ def _mla_decode_seesaw_kernel(
     out_strides = (stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token)
     slots = target_splits + batch_size
     gl.warp_specialize([
-        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free,
-                       pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, CACHE_SEQLENS,
-                       BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total, used, chunk,
-                       kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides,
-                       stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS, 0)),
-        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free,
-                       pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, CACHE_SEQLENS,
-                       BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total, used, chunk,
-                       kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides,
-                       stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS, 1)),
+        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
+                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+                       CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
+                       used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
+                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS, 0)),
+        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
+                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+                       CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
+                       used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
+                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS, 1)),
         (_sw_loader, (lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program,
                       spans, segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows,
                       num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK))],
@@ -2968,7 +3008,7 @@ def hopper_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, num
     kv_fp8, kv_scale = kv_data["fp8"]
     if kv_fp8.dtype != torch.float8_e4m3fn:
         raise ValueError(f'kv_data["fp8"] must be float8_e4m3fn for the Hopper route, got {kv_fp8.dtype}')
-    if not tma_can_read(kv_fp8):  # a strided view the runner never makes: the portable kernel reads it
+    if not tma_can_read(kv_fp8):  # a view the runner never makes: the portable kernel reads it (or refuses it)
         return triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=num_splits)
     batch = kv_indptr.shape[0] - 1
     if q.shape[0] != batch or q.stride(1) != QK_HEAD_DIM or q.stride(2) != 1:  # the kernel reads q[batch] densely
@@ -4227,9 +4267,9 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # the batch's lengths in one warp, so up to 1024 requests; "rows": query rows per program (16 where absent),
 # each program one pass over its split's tiles (with spans, over each of its segments'). An fp8 cache with 64
 # or more rows on pages of whole tiles: the seesaw kernel ("seesaw": query rows as M, two compute warpgroups
-# out of phase and a loader warp, S and P.V in fp8 with P as 256 P, a lazy running max; 4 warps a warpgroup, 4
+# in step and a loader warp, S and P.V in fp8 with P as 256 P, a lazy running max; 4 warps a warpgroup, 4
 # ring slots; grid A 1.30x the tokens-as-M row's kernel time, then 1.06x with the lazy max: 0.99x FlashMLA's,
-# NOTES.md h51, h52). A bf16 cache with 32 or more rows:
+# then 1.07x with V^T by ldmatrix and the warpgroups in step: NOTES.md h51-h54). A bf16 cache with 32 or more rows:
 # 32 rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x the 16-row
 # row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted exactly in registers, P in f16,
 # half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64 rows and 8 warps on pages shorter than a
@@ -4359,7 +4399,8 @@ def _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_s
         signature = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
                      k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
                      block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
-                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale)
+                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale,
+                     k_cache.data_ptr() % 16 == 0)
         if IS_HIP:  # HIP's JIT also specialises each tensor on its storage fitting 2 GiB (_specialisation)
             signature += tuple(t.untyped_storage().nbytes() <= HIP_RANGE32_BYTES
                                for t in (q, k_cache, block_table, cache_seqlens, k_scale)
@@ -4403,6 +4444,12 @@ def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num
     if num_blocks < 1:
         raise ValueError("k_cache has 0 blocks")
     _unit_last_stride("k_cache", k_cache)
+    row_bytes = (k_cache.stride(0) * k_cache.element_size(), k_cache.stride(1) * k_cache.element_size())
+    if k_cache.data_ptr() % 16 or row_bytes[0] % 16 or row_bytes[1] % 16:
+        # where they are not, Triton 3.6 compiles the portable kernel's reads of either format with
+        # shared memory past what it allots (compute-sanitizer on an H200; NOTES.md h55)
+        raise ValueError(f"k_cache starts at address {k_cache.data_ptr():#x} with blocks and rows {row_bytes} bytes "
+                         "apart: the cache must start on 16 bytes, its blocks and rows a multiple of 16 bytes apart")
     if k_cache.dtype == torch.float8_e4m3fnuz and k_cache.is_cuda and not IS_HIP:
         raise ValueError("k_cache is float8_e4m3fnuz (AMD gfx942's fp8): NVIDIA GPUs read float8_e4m3fn")
     _check_tensor("block_table", block_table, lambda d: d == torch.int32, 2, q.device)
@@ -4660,8 +4707,8 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
         return out, lse
     target = plan
     if plan.route["route"] == "hopper_paged" and not tma_can_read(k_cache):
-        # TMA, and the gathered kernel's 16-byte copies, read 16-byte aligned rows of whole blocks:
-        # the portable route reads any other cache
+        # TMA, and the gathered kernel's 16-byte copies, read whole blocks back to back: the
+        # portable route reads a cache whose blocks are apart
         if plan.fallback is None:
             plan.fallback = MlaDecodePlan()
             _fill_plan(plan.fallback, plan.shape, serving_route_row(plan.shape, [

@@ -47,6 +47,16 @@ if S.HAVE_GLUON:
 
 
 @gluon.jit
+def _sw_publish(c_own, m_new, c_smem, m_smem, published, WG: gl.constexpr):
+    """Warpgroup WG's tile to the other warpgroup, once its P is stored: the rescale factors and running
+    maxima into WG's half of c_smem and m_smem, then `published` arrives (submission._sw_arrive: every
+    thread's stores visible to the async proxy, where the other warpgroup's MMAs read P)."""
+    c_smem.slice(WG * 64, 64).store(c_own)
+    m_smem.slice(WG * 64, 64).store(m_new)
+    S._sw_arrive(published)
+
+
+@gluon.jit
 def _sw_pv_issue(kv_latent, slot, p_buf, acc0, acc1, c_buf, WG: gl.constexpr, O_MMA: gl.constexpr):
     """acc_c = acc_c * c + V_c^T P^T for this warpgroup's two 128-dim chunks of tile `slot` (issued, 2 groups);
     c read from c_buf here, where it is used. P in f16: V converted to f16 (k_width 2); P in fp8: V^T
@@ -132,7 +142,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, p_smem, c_smem, m_smem, l_
             S._sw_store_p(p * P_SCALE, p_smem.index(WG))
         else:
             p_smem.index(WG).store(p.to(gl.float16))
-        S._sw_publish(c_own, m_new, c_smem, m_smem, pub.index(WG), WG)
+        _sw_publish(c_own, m_new, c_smem, m_smem, pub.index(WG), WG)
         p_sum = gl.sum(p, 1)
         if WG == 0:
             l_run = l_run * c_own + p_sum
@@ -234,7 +244,7 @@ def seesaw_kernel(Q, lat_desc, rope_desc, OUT, LSE, seq_len, sm_scale_log2, GROU
     c_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     m_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     l_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
-    loaded, free, pub, done, fin = S._sw_barriers(STAGES)
+    loaded, free, _, pub, done, fin = S._sw_barriers(STAGES)  # the product's tile_max unused here
     # the first tiles fly while q is quantised (and the descriptors need a use outside the partitions:
     # Triton 3.6 reads their metadata from the parent region, and crashes where there is none)
     for t in gl.static_range(STAGES):

@@ -162,6 +162,8 @@ def test_a_cache_tma_cannot_read_goes_to_the_portable_kernel(monkeypatch):
     wide = torch.zeros(kv.shape[0], 1, row + 16, dtype=torch.uint8).view(kv.dtype)[:, :, 8:8 + row]
     wide.copy_(kv)
     assert not submission.tma_can_read(wide)
+    with pytest.raises(ValueError, match="the cache starts at address"):  # the portable kernel refuses it (h55)
+        submission.hopper_fp8_route(q, dict(kv_data, fp8=(wide, scale)), qo_indptr, kv_indptr, config, num_splits=4)
     calls = []
     monkeypatch.setattr(submission, "triton_fp8_route", lambda *a, **k: calls.append(k) or "portable")
     out = submission.hopper_fp8_route(q, dict(kv_data, fp8=(wide, scale)), qo_indptr, kv_indptr, config, num_splits=4)

