@@ -4649,7 +4649,8 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
     Args:
         q: (batch, s_q, h_q, 576) bfloat16, any layout; s_q 1..8 query tokens, h_q 1..128 heads.
         k_cache: (num_blocks, page_size, 1, 576) bfloat16, or fp8 (float8_e4m3fn; e4m3fnuz on
-            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous.
+            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous; its start,
+            block stride and row stride multiples of 16 bytes.
         block_table: (batch, max_blocks) int32: request b's token p is in block
             block_table[b, p // page_size], row p % page_size. Entries past a request's used
             blocks are never read.
