@@ -706,12 +706,11 @@ def decode_launch_args(q, q_strides, kv, kv_scale, out, out_strides, lse, lse_st
     (qo_indptr, kv_indptr) for contiguous rows, else None; paging (cache_seqlens, block_table,
     page_size) for a paged cache, else None."""
     cache_seqlens, block_table, page_size = paging if paging is not None else (None, None, 0)
-    apart = tuple(stride * kv.element_size() for stride in kv.stride()[:-2])  # bytes between blocks and rows
-    if kv.data_ptr() % 16 or any(step % 16 for step in apart):
+    if kv.data_ptr() % 16 or any(stride % 16 for stride in kv.stride()[:-2]):
         # where they are not, Triton 3.6 compiles this kernel's reads of either format with shared
         # memory past what it allots (compute-sanitizer on an H200; NOTES.md h55)
-        raise ValueError(f"the cache starts at address {kv.data_ptr():#x} with strides of {apart} bytes: it must "
-                         "start on 16 bytes, its blocks and rows a multiple of 16 bytes apart")
+        raise ValueError(f"the cache starts at address {kv.data_ptr():#x} with strides {tuple(kv.stride())}: it "
+                         "must start on 16 bytes, its blocks and rows a multiple of 16 elements apart")
     scale_value = 1.0 if isinstance(kv_scale, torch.Tensor) else float(kv_scale)
     if paging is None:  # kv (rows, 1, 576), q (batch, heads, 576)
         capacity, stride_block, stride_token, stride_bt, q_len = 0, 0, kv.stride(0), 0, 1
@@ -4444,12 +4443,11 @@ def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num
     if num_blocks < 1:
         raise ValueError("k_cache has 0 blocks")
     _unit_last_stride("k_cache", k_cache)
-    row_bytes = (k_cache.stride(0) * k_cache.element_size(), k_cache.stride(1) * k_cache.element_size())
-    if k_cache.data_ptr() % 16 or row_bytes[0] % 16 or row_bytes[1] % 16:
+    if k_cache.data_ptr() % 16 or k_cache.stride(0) % 16 or k_cache.stride(1) % 16:
         # where they are not, Triton 3.6 compiles the portable kernel's reads of either format with
         # shared memory past what it allots (compute-sanitizer on an H200; NOTES.md h55)
-        raise ValueError(f"k_cache starts at address {k_cache.data_ptr():#x} with blocks and rows {row_bytes} bytes "
-                         "apart: the cache must start on 16 bytes, its blocks and rows a multiple of 16 bytes apart")
+        raise ValueError(f"k_cache starts at address {k_cache.data_ptr():#x} with strides {tuple(k_cache.stride())}: "
+                         "the cache must start on 16 bytes, its blocks and rows a multiple of 16 elements apart")
     if k_cache.dtype == torch.float8_e4m3fnuz and k_cache.is_cuda and not IS_HIP:
         raise ValueError("k_cache is float8_e4m3fnuz (AMD gfx942's fp8): NVIDIA GPUs read float8_e4m3fn")
     _check_tensor("block_table", block_table, lambda d: d == torch.int32, 2, q.device)
@@ -4649,8 +4647,8 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
     Args:
         q: (batch, s_q, h_q, 576) bfloat16, any layout; s_q 1..8 query tokens, h_q 1..128 heads.
         k_cache: (num_blocks, page_size, 1, 576) bfloat16, or fp8 (float8_e4m3fn; e4m3fnuz on
-            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous; its start,
-            block stride and row stride multiples of 16 bytes.
+            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous; its start
+            on 16 bytes, its block and row strides multiples of 16 elements.
         block_table: (batch, max_blocks) int32: request b's token p is in block
             block_table[b, p // page_size], row p % page_size. Entries past a request's used
             blocks are never read.

@@ -374,13 +374,13 @@ def test_serving_route_row_follows_the_table(monkeypatch, shape, hopper, route):
     assert submission.serving_route_row(shape)["route"] == route
 
 
-def _shifted_cache(cache):
-    """The cache's rows 8 bytes into rows 16 bytes longer: neither TMA nor cp.async reads them."""
-    padded = torch.zeros(*cache.shape[:-1], 576 + 16 // cache.element_size(), dtype=cache.dtype, device=DEVICE)
-    shifted = padded[..., 8 // cache.element_size():][..., :576]
-    shifted.copy_(cache)
-    assert submission.tma_can_read(cache) and not submission.tma_can_read(shifted)
-    return shifted
+def _padded_rows(cache, offset, extra=16):
+    """A copy of the cache with its rows `offset` bytes into rows `extra` elements longer (the
+    strides of either offset alike)."""
+    padded = torch.zeros(*cache.shape[:-1], 576 + extra, dtype=cache.dtype, device=DEVICE)
+    rows = padded[..., offset // cache.element_size():][..., :576]
+    rows.copy_(cache)
+    return rows
 
 
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
@@ -388,16 +388,30 @@ def _shifted_cache(cache):
 def test_a_cache_off_16_bytes_is_a_value_error(page, kv):
     """A cache whose rows start 8 bytes off a 16-byte boundary (neither TMA nor cp.async reads
     them; Triton 3.6 compiles the portable kernel's reads there past its shared memory: NOTES.md
-    h55) is refused before any launch, naming k_cache; the same cache aligned is served."""
+    h55) is refused before any launch, naming k_cache, on a fresh plan and on a plan that served
+    a cache of the same strides at 16 bytes (and served it right)."""
     case = make_case(2, 1, 16, page, [70, 33], kv=kv, seed=43)
-    shifted = dict(case, k_cache=_shifted_cache(case["k_cache"]))
+    aligned = dict(case, k_cache=_padded_rows(case["k_cache"], 0))
+    shifted = dict(case, k_cache=_padded_rows(case["k_cache"], 8))
+    assert aligned["k_cache"].stride() == shifted["k_cache"].stride()
+    assert submission.tma_can_read(aligned["k_cache"]) and not submission.tma_can_read(shifted["k_cache"])
     with pytest.raises(ValueError, match="k_cache starts at address"):
         run(shifted)
     plan = submission.get_mla_decode_metadata()[0]
-    out, lse = run(case, plan=plan)
+    out, lse = run(aligned, plan=plan)
     assert_right(case, out, lse, kv=kv)
-    with pytest.raises(ValueError, match="k_cache starts at address"):  # the same strides on a seen plan
+    with pytest.raises(ValueError, match="k_cache starts at address"):
         run(shifted, plan=plan)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_a_cache_whose_rows_are_not_16_elements_apart_is_a_value_error(kv):
+    """Rows 584 elements apart (1,168 bytes of bf16: a 16-byte multiple, but not of 16 elements,
+    which is what Triton specialises a stride on) compile as a cache off 16 bytes does (NOTES.md
+    h55): refused, naming k_cache."""
+    case = make_case(2, 1, 16, 16, [70, 33], kv=kv, seed=44)
+    with pytest.raises(ValueError, match="k_cache starts at address .* with strides"):
+        run(dict(case, k_cache=_padded_rows(case["k_cache"], 0, extra=8)))
 
 
 @pytest.mark.parametrize("route,page", [("triton_paged", 64), ("hopper_paged", 64), ("hopper_paged", 16)])
