@@ -94,6 +94,16 @@ def _unit_last_stride(field, tensor):
                          "contiguous (stride 1); pass .contiguous() of it")
 
 
+def _aligned_cache(field, cache):
+    """A cache _mla_decode_kernel may read: it starts on 16 bytes and its blocks and rows (every
+    stride but the head's and the dims') are multiples of 16 elements. Where they are not, Triton 3.6
+    compiles the kernel's reads of either format with shared memory past what it allots
+    (compute-sanitizer on an H200; NOTES.md h55): such a cache is refused."""
+    if cache.data_ptr() % 16 or any(stride % 16 for stride in cache.stride()[:-2]):
+        raise ValueError(f"{field} starts at address {cache.data_ptr():#x} with strides {tuple(cache.stride())}: "
+                         "the cache must start on 16 bytes, its blocks and rows a multiple of 16 elements apart")
+
+
 def check_inputs(q, kv_data, qo_indptr, kv_indptr, config):
     """Validate q, the indptrs and config; return (q, qo_indptr, kv_indptr, batch, total_kv), q and
     the indptrs as contiguous tensors (a copy only where the caller's are not: q is small, the
@@ -706,11 +716,7 @@ def decode_launch_args(q, q_strides, kv, kv_scale, out, out_strides, lse, lse_st
     (qo_indptr, kv_indptr) for contiguous rows, else None; paging (cache_seqlens, block_table,
     page_size) for a paged cache, else None."""
     cache_seqlens, block_table, page_size = paging if paging is not None else (None, None, 0)
-    if kv.data_ptr() % 16 or any(stride % 16 for stride in kv.stride()[:-2]):
-        # where they are not, Triton 3.6 compiles this kernel's reads of either format with shared
-        # memory past what it allots (compute-sanitizer on an H200; NOTES.md h55)
-        raise ValueError(f"the cache starts at address {kv.data_ptr():#x} with strides {tuple(kv.stride())}: it "
-                         "must start on 16 bytes, its blocks and rows a multiple of 16 elements apart")
+    _aligned_cache("the cache", kv)
     scale_value = 1.0 if isinstance(kv_scale, torch.Tensor) else float(kv_scale)
     if paging is None:  # kv (rows, 1, 576), q (batch, heads, 576)
         capacity, stride_block, stride_token, stride_bt, q_len = 0, 0, kv.stride(0), 0, 1
@@ -4443,11 +4449,7 @@ def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num
     if num_blocks < 1:
         raise ValueError("k_cache has 0 blocks")
     _unit_last_stride("k_cache", k_cache)
-    if k_cache.data_ptr() % 16 or k_cache.stride(0) % 16 or k_cache.stride(1) % 16:
-        # where they are not, Triton 3.6 compiles the portable kernel's reads of either format with
-        # shared memory past what it allots (compute-sanitizer on an H200; NOTES.md h55)
-        raise ValueError(f"k_cache starts at address {k_cache.data_ptr():#x} with strides {tuple(k_cache.stride())}: "
-                         "the cache must start on 16 bytes, its blocks and rows a multiple of 16 elements apart")
+    _aligned_cache("k_cache", k_cache)
     if k_cache.dtype == torch.float8_e4m3fnuz and k_cache.is_cuda and not IS_HIP:
         raise ValueError("k_cache is float8_e4m3fnuz (AMD gfx942's fp8): NVIDIA GPUs read float8_e4m3fn")
     _check_tensor("block_table", block_table, lambda d: d == torch.int32, 2, q.device)

@@ -82,7 +82,6 @@ def apply(variant):
 
 def compile_facts(variant):
     """The sm_90 compile of the seesaw kernel's plain row (page 64, causal off) with the variant applied."""
-    from tools import kernel_asm
     from tools import kernel_report as kr
     apply(variant)
     spec = kr.TARGETS["sm90"]
@@ -92,8 +91,7 @@ def compile_facts(variant):
     entry = next(e for e in plan if e["kernel"] is S._mla_decode_seesaw_kernel
                  and e["constexprs"].get("PAGE_SIZE") == 64 and not e["constexprs"].get("CAUSAL"))
     kernel, signature, constexprs, attrs, options = kr.complete_plan_entry(entry, spec)
-    compiled = kr.compile_unit(kernel, signature, constexprs, attrs, options, spec)
-    facts, _ = kernel_asm.kernel_facts(compiled, False, options["num_warps"], spec.lds_per_block, spec.lds_per_unit)
+    facts, _ = kr.compile_and_analyse(kernel, signature, constexprs, attrs, options, spec)
     return {"variant": variant, "registers": facts["registers"], "spills": facts["spills"],
             "hot_loop_locals": facts["hot_loop_locals"], "mma": facts["mma"]["total"]}
 
