@@ -12,7 +12,8 @@ Variants (what the pair loop no longer does):
   no_pv       the P.V (_sw_pv returns the accumulators: no V^T fragments, no MMAs, no tail zeroing)
   no_scores   S (_sw_scores returns zeros: no score MMAs; the softmax runs on zeros)
   no_store_p  P's store to shared memory (_sw_store_p does nothing; the P.V reads what is there)
-  no_q_loads  q's global loads (_sw_stage_q stores zeros and scale 1: the segment's staging without reads)
+  no_q_loads  q's global loads (_sw_stage_q stores zeros and scale 1: the segment's staging without reads;
+              S's MMAs then run on zeros, so it is not a clean cut: NOTES.md h57, h59)
   softmax     S and the P.V both left out: the softmax, the barriers and the loader
 Each line: the time of one call (CUDA events around it after an L2 flush; median and mean of --repeats)
 and full's time less the variant's. --compile-only: each variant's sm_90 compile on any machine (registers,
