@@ -33,9 +33,8 @@ SETUP := .venv/.installed
 endif
 
 EVAL_FLAGS ?= --strict
-# make test runs the suite in this many pytest-xdist workers (auto: one per core, at most 8), test by
-# test, except that a file with module-scoped fixtures of its own (the kernel report's compiles) stays
-# on one worker, so that they run once (tests/conftest.py)
+# make test runs the suite in this many pytest-xdist workers (auto: one per core, at most 8), a
+# test file per worker so that a module's fixtures (the kernel report's compiles) run once
 TEST_WORKERS ?= auto
 TUNE_FLAGS ?=
 TUNE_WRITE := $(if $(filter 1 yes true,$(WRITE)),--write,)
@@ -86,7 +85,7 @@ tune: setup
 	$(if $(TUNE_WRITE),$(PY) tools/preflight.py submission.py)
 
 test: lint preflight
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadgroup tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile tests
 
 clean-venv:
 	rm -rf .venv

@@ -7,9 +7,7 @@
 - interpreter_fixes.apply(): the interpreter's bf16 dot and float down-casts are made to match the
   GPU, or kernel tests would measure the interpreter's bugs.
 - Under pytest-xdist (make test runs a worker per core): torch's threads shared among the workers,
-  the two files of long compiles collected first (SLOW_FIRST), and the tests of a file with a
-  module-scoped fixture of its own grouped on one worker (`--dist loadgroup`; the rest are spread
-  test by test).
+  and the two files of long compiles collected first (SLOW_FIRST).
 - ``golden_mxfp4_path``: aiter's golden MXFP4 vectors in tests/data (see tests/data/README.md);
   a missing file FAILS the test rather than skipping it.
 """
@@ -45,23 +43,8 @@ GOLDEN_MXFP4 = REPO_ROOT / "tests" / "data" / "mxfp4_aiter.pt"
 SLOW_FIRST = ("test_kernel_report.py", "test_hopper_route.py")
 
 
-def _module_fixture_group(item):
-    """The test's file where a module-scoped fixture of that file serves it, else None: make test's
-    `--dist loadgroup` keeps such a file on one worker (its fixture computed once) and spreads the
-    rest test by test."""
-    info = getattr(item, "_fixtureinfo", None)
-    for fixturedefs in (info.name2fixturedefs.values() if info else ()):
-        if fixturedefs and fixturedefs[-1].scope == "module" and fixturedefs[-1].baseid.endswith(".py"):
-            return item.path.name
-    return None
-
-
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.name not in SLOW_FIRST)
-    for item in items:
-        group = _module_fixture_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
