@@ -1203,17 +1203,13 @@ def _v_operand_load_layout(warps, k_width=4):
     return gl.DistributedLinearLayout(regs, lanes, warp_bases, [], [64, HOPPER_CHUNK])
 
 @_constexpr_function
-def _v_operand_order(warps, k_width=4):
+def _v_operand_order(warps, k_width=4, v_ldsm=False):
     """gl.permute order taking (64 tokens x 128 dims) split into 13 bits (token bit j at
-    axis 5 - j, dim bit j at 12 - j) to (rows x k), most significant bit first."""
-    rows = [12 - _DIM_BIT[warps][i] for i in range(6, -1, -1)]
+    axis 5 - j, dim bit j at 12 - j) to (rows x k), most significant bit first; v_ldsm: _v_ldsm's
+    rows (_DIM_BIT_LDSM, 4 warps)."""
+    dim_bit = _DIM_BIT_LDSM if v_ldsm else _DIM_BIT[warps]
+    rows = [12 - dim_bit[i] for i in range(6, -1, -1)]
     return tuple(rows + [5 - _TOKEN_BIT[k_width][i] for i in range(5, -1, -1)])
-
-@_constexpr_function
-def _v_ldsm_order():
-    """_v_operand_order(4, 4) for _v_ldsm's rows (_DIM_BIT_LDSM)."""
-    rows = [12 - _DIM_BIT_LDSM[i] for i in range(6, -1, -1)]
-    return tuple(rows + [5 - _TOKEN_BIT[4][i] for i in range(5, -1, -1)])
 
 @_constexpr_function
 def _pv_token_order():
@@ -1310,7 +1306,7 @@ def _v_ldsm(kv_chunk):
     low, high = gl.inline_asm_elementwise("prmt.b32 $0, $2, $3, 0x6420; prmt.b32 $1, $2, $3, 0x7531;",
                                           "=r,=r,r,r", [words.load(WORDS)], (gl.int8, gl.int8), True, 4)
     v = gl.reshape(gl.join(low, high), [64, 128]).to(gl.float8e4nv, bitcast=True)  # (token, 2 word + byte)
-    return gl.reshape(gl.permute(gl.reshape(v, [2] * 13), _v_ldsm_order().value), [128, 64])
+    return gl.reshape(gl.permute(gl.reshape(v, [2] * 13), _v_operand_order(4, 4, True).value), [128, 64])
 
 
 @gluon.jit
@@ -2751,12 +2747,9 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
             t_own = 2 * j + WG
             own_real = t_own < num_tiles
             block = gl.load(bt_row + (kv_begin + t_own * 64) // PAGE_SIZE, mask=own_real, other=0)
-            if WG == 0:
-                mbarrier.wait(loaded.index(slot_first), phase_first)
-                s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_first, S_L)
-            else:
-                mbarrier.wait(loaded.index(slot_second), phase_second)
-                s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_second, S_L)
+            slot_own = slot_first if WG == 0 else slot_second
+            mbarrier.wait(loaded.index(slot_own), phase_first if WG == 0 else phase_second)
+            s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_own, S_L)
             bad |= (own_real & ((block < 0) | (block >= num_blocks))).to(gl.int32)
             if kv_begin + (t_own + 1) * 64 > tokens_end:  # a tile some row attends only in part
                 positions = gl.expand_dims(kv_begin + t_own * 64 + tokens, 0)
