@@ -2015,31 +2015,36 @@ def _serving_merge_slice(latent, splits, rows, warps):
 
 @gluon.jit
 def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale,
-                   WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
-    """Every latent dim of the request's rows merged from its num_splits (<= SPLITS) splits."""
+                   WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
+                   DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0):
+    """Latent dims [DIM0, DIM0 + DIMS) (DIMS 0: every dim) of the request's rows merged from its
+    num_splits (<= SPLITS) splits."""
     SLICE: gl.constexpr = _serving_merge_slice(LATENT, SPLITS, NUM_HEADS, WARPS)
-    for dim_begin in range(0, LATENT, SLICE):
+    for dim_begin in range(DIM0, DIM0 + (DIMS if DIMS else LATENT), SLICE):
         _merge_slice(PARTIAL_O, PARTIAL_LSE, out_base, first_slot, dim_begin, kv_scale, WARPS, SPLITS, SLICE,
                      NUM_HEADS, LATENT, num_splits, rows, row_ok)
 
 
 @gluon.jit
 def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
-                   WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr):
-    """A request's rows of out and lse from its num_splits partials in slots first_slot ... (the
-    split that drew its last ticket calls this): _merge_serving in the layout of the smallest
-    split-count class that holds them (4, 8 or MAX_SPLITS), then the merged lse."""
+                   WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
+                   DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0, WRITE_LSE: gl.constexpr = True):
+    """A request's rows of out (dims [DIM0, DIM0 + DIMS), every dim where DIMS is 0) and lse (where
+    WRITE_LSE) from its num_splits partials in slots first_slot ... (the split that drew its last
+    ticket calls this): _merge_serving in the layout of the smallest split-count class that holds
+    them (4, 8 or MAX_SPLITS), then the merged lse."""
     if num_splits <= 4:
         _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS, 4,
-                       NUM_HEADS, LATENT)
+                       NUM_HEADS, LATENT, DIM0, DIMS)
     elif num_splits <= 8:
         _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS, 8,
-                       NUM_HEADS, LATENT)
+                       NUM_HEADS, LATENT, DIM0, DIMS)
     else:
         _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS,
-                       MAX_SPLITS, NUM_HEADS, LATENT)
-    merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
-    gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
+                       MAX_SPLITS, NUM_HEADS, LATENT, DIM0, DIMS)
+    if WRITE_LSE:
+        merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
+        gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
 
 
 @gluon.jit
@@ -2639,8 +2644,10 @@ def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O
               stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token, WG: gl.constexpr,
               MAX_SPLITS: gl.constexpr):
     """_store_serving for warpgroup WG's 256 latent dims of the 64 rows: out and lse for a request
-    of one split; otherwise its half of the split's float32 partial (the lse by warpgroup 0), and
-    the warpgroup that draws the request's last ticket (two a split) merges every dim."""
+    of one split; otherwise its half of the split's float32 partial and its copy of the split's lse
+    (both warpgroups hold the same), and the warpgroup that draws the last ticket of its half (a
+    ticket per split and half) merges that half, both halves at once where the two warpgroups of
+    one program draw them (NOTES.md h63)."""
     OUT_L: gl.constexpr = _output_layout(4, 64, False)
     o0 = gl.convert_layout(_rows_to_dims(acc0, 4, True), OUT_L)
     o1 = gl.convert_layout(_rows_to_dims(acc1, 4, True), OUT_L)
@@ -2663,14 +2670,14 @@ def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O
         dest = PARTIAL_O + slot_id * (512 * 64) + 256 * WG
         _store_chunk(o0, dest, 1.0 / safe_o, 512)
         _store_chunk(o1, dest + 128, 1.0 / safe_o, 512)
-        if WG == 0:
-            gl.store(PARTIAL_LSE + slot_id * 64 + gl.arange(0, 64, layout=ROW_LAYOUT), lse2)
+        half_lse = PARTIAL_LSE + WG * (gl.num_programs(0) * slots * 64)  # this warpgroup's copies
+        gl.store(half_lse + slot_id * 64 + gl.arange(0, 64, layout=ROW_LAYOUT), lse2)
         gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-        pair = request * gl.num_programs(0) + group
-        if gl.atomic_add(SPLIT_TICKETS + pair, 1, sem="acq_rel") == 2 * num_splits - 1:
-            _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, group * slots + first_work,
-                           num_splits, kv_scale, 4, MAX_SPLITS, 64, 512)
-            gl.atomic_xchg(SPLIT_TICKETS + pair, 0)
+        ticket = (request * gl.num_programs(0) + group) * 2 + WG
+        if gl.atomic_add(SPLIT_TICKETS + ticket, 1, sem="acq_rel") == num_splits - 1:
+            _merge_request(PARTIAL_O, half_lse, out_base, out_rows, lse_rows, row_ok, group * slots + first_work,
+                           num_splits, kv_scale, 4, MAX_SPLITS, 64, 512, 256 * WG, 256, WG == 0)
+            gl.atomic_xchg(SPLIT_TICKETS + ticket, 0)
 
 
 @gluon.jit
@@ -2848,7 +2855,8 @@ def _mla_decode_seesaw_kernel(
 ):
     """The serving API's fp8 cache on pages of whole tiles with query rows as the MMA's M (NOTES.md
     h51): grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
-    chunks, or spans), the same partials, tickets and merge. The parent region computes the
+    chunks, or spans), the same partials and merge, the partial lse and tickets per half of the
+    dims (each warpgroup merges its own: h63). The parent region computes the
     schedule and forks: compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in
     step, S and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp (_sw_loader). Shared
     memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P."""
@@ -4267,7 +4275,8 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # or more rows on pages of whole tiles: the seesaw kernel ("seesaw": query rows as M, two compute warpgroups
 # in step and a loader warp, S and P.V in fp8 with P as 256 P, a lazy running max; 4 warps a warpgroup, 4
 # ring slots; grid A 1.30x the tokens-as-M row's kernel time, then 1.06x with the lazy max: 0.99x FlashMLA's,
-# then 1.07x with V^T by ldmatrix and the warpgroups in step: NOTES.md h51-h54). A bf16 cache with 32 or more rows:
+# then 1.07x with V^T by ldmatrix and the warpgroups in step, 1.02x with each warpgroup merging its half of the
+# dims: NOTES.md h51-h54, h63). A bf16 cache with 32 or more rows:
 # 32 rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x the 16-row
 # row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted exactly in registers, P in f16,
 # half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64 rows and 8 warps on pages shorter than a
@@ -4530,9 +4539,10 @@ def _fill_plan(plan, shape, route, block_table, device):
             wanted = triton.cdiv(_programs_to_fill(device), batch * groups)
             plan.num_splits = max(1, min(wanted, capacity // SERVING_SPLIT_MIN_TOKENS))
         slots = batch * groups * plan.num_splits if plan.num_splits > 1 else 1
+    halves = 2 if params.get("seesaw") else 1  # the seesaw: partial lse and tickets per half of the dims (h63)
     plan.workspace = (torch.empty(slots, V_HEAD_DIM, rows, dtype=torch.float32, device=device),
-                      torch.empty(slots, rows, dtype=torch.float32, device=device),
-                      torch.zeros(batch * groups, dtype=torch.int32, device=device))
+                      torch.empty(halves * slots, rows, dtype=torch.float32, device=device),
+                      torch.zeros(halves * batch * groups, dtype=torch.int32, device=device))
     plan.route = route
     plan.shape = shape
 

@@ -15,6 +15,8 @@ Variants (what the pair loop no longer does):
   no_q_loads  q's global loads (_sw_stage_q stores zeros and scale 1: the segment's staging without reads;
               S's MMAs then run on zeros, so it is not a clean cut: NOTES.md h57, h59)
   softmax     S and the P.V both left out: the softmax, the barriers and the loader
+  no_merge    the merge of a split request (_merge_request does nothing: the partials and tickets stay)
+  no_store    the epilogue's stores (_sw_store does nothing: no out, lse, partials, tickets or merges)
 Each line: the time of one call (CUDA events around it after an L2 flush; median and mean of --repeats)
 and full's time less the variant's. --compile-only: each variant's sm_90 compile on any machine (registers,
 spills, the hot loop's MMAs), no GPU.
@@ -64,6 +66,21 @@ def _stage_q_without_loads(Q, q_latent, q_rope, q_scale, kv_scale, request, grou
     fence_async_shared()
 
 
+@gluon.jit
+def _merge_left_out(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
+                    WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
+                    DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0, WRITE_LSE: gl.constexpr = True):
+    pass
+
+
+@gluon.jit
+def _store_left_out(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+                    request, group, split, slots, num_splits, first_work, num_heads, q_len, stride_o_batch,
+                    stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
+                    WG: gl.constexpr, MAX_SPLITS: gl.constexpr):
+    pass
+
+
 VARIANTS = {
     "full": {},
     "no_pv": {"_sw_pv": _pv_left_out},
@@ -71,6 +88,8 @@ VARIANTS = {
     "no_store_p": {"_sw_store_p": _store_p_left_out},
     "no_q_loads": {"_sw_stage_q": _stage_q_without_loads},
     "softmax": {"_sw_pv": _pv_left_out, "_sw_scores": _scores_left_out},
+    "no_merge": {"_merge_request": _merge_left_out},
+    "no_store": {"_sw_store": _store_left_out},
 }
 
 

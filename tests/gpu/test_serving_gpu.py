@@ -235,20 +235,36 @@ def test_seesaw_rows_are_right_and_agree_with_the_tokens_as_m_kernel(monkeypatch
 
 
 @pytest.mark.skipif(not submission.HOPPER, reason="the seesaw kernel is the Hopper route's (an H100/H200)")
-@pytest.mark.parametrize("profile", ["late jump", "ramp"])
+@pytest.mark.parametrize("profile", ["late jump", "ramp", "one tile far above", "one tile a little above"])
 def test_seesaw_running_max_moving_late_and_by_small_steps(profile):
     """The seesaw's lazy running max (NOTES.md h52: a row's max moves only where a tile passes it by
     more than SW_TAU, and the P.V skips the rescale where no row's max moved): keys scaled so that
     every row's max jumps in the last third of a long request after many tiles without a move, or
-    climbs a little on every tile (P above 1 between moves); right against float64 either way."""
+    climbs a little on every tile (P above 1 between moves), or one tile in the middle of a request
+    stands far above the rest or a little, the tile next to it not (which tile of a pair it is
+    varies with the request: NOTES.md h60). For those two, q is 64x larger (scores of std 16: a
+    row's max over the lone tile about 38, 55 in log2 units) and the other tiles' keys are 1/64 or
+    0.55: with 1/64 the lone tile moves every row's max of the two long requests by 29-86 log2
+    units, with 0.55 by a median of 9, some rows not at all (a CPU computation of these inputs in
+    float64). Right against float64 each way; the fp8 bound follows what rounding q costs on these
+    peaked scores (assert_right)."""
     lens = [4000, 2500, 130]
     case = make_case(len(lens), 1, 128, 64, lens, kv="fp8", seed=52)
     table = case["block_table"].cpu()
     scales = torch.ones(case["k_cache"].shape[:2])
+    if profile.startswith("one tile"):
+        case["q"] = (case["q"].float() * 64).to(torch.bfloat16)
+    high, low = 1.0, (1 / 64 if profile == "one tile far above" else 0.55)
     for b, n in enumerate(lens):
+        lone = min((n // 64) // 2 + b, (n - 1) // 64)  # the tile that stands above the rest
         for t in range(n):
-            jump = 1.0 if t >= 2 * n // 3 else 1 / 3
-            scales[table[b, t // 64], t % 64] = jump if profile == "late jump" else 0.25 + 0.75 * t / n
+            if profile == "late jump":
+                scale = 1.0 if t >= 2 * n // 3 else 1 / 3
+            elif profile == "ramp":
+                scale = 0.25 + 0.75 * t / n
+            else:
+                scale = high if t // 64 == lone else low
+            scales[table[b, t // 64], t % 64] = scale
     cache = case["k_cache"].float() * scales[:, :, None, None].cuda()
     case["k_cache"] = cache.to(case["k_cache"].dtype)  # NaN slots stay NaN
     plan = submission.get_mla_decode_metadata()[0]
