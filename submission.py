@@ -2028,11 +2028,11 @@ def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, n
 @gluon.jit
 def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
                    WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
-                   DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0, WRITE_LSE: gl.constexpr = True):
-    """A request's rows of out (dims [DIM0, DIM0 + DIMS), every dim where DIMS is 0) and lse (where
-    WRITE_LSE) from its num_splits partials in slots first_slot ... (the split that drew its last
-    ticket calls this): _merge_serving in the layout of the smallest split-count class that holds
-    them (4, 8 or MAX_SPLITS), then the merged lse."""
+                   DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0):
+    """A request's rows of out (dims [DIM0, DIM0 + DIMS), every dim where DIMS is 0) from its
+    num_splits partials in slots first_slot ... (the split that drew its last ticket calls this):
+    _merge_serving in the layout of the smallest split-count class that holds them (4, 8 or
+    MAX_SPLITS), then, by the merge that holds dim 0, the merged lse."""
     if num_splits <= 4:
         _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS, 4,
                        NUM_HEADS, LATENT, DIM0, DIMS)
@@ -2042,7 +2042,7 @@ def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok,
     else:
         _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS,
                        MAX_SPLITS, NUM_HEADS, LATENT, DIM0, DIMS)
-    if WRITE_LSE:
+    if DIM0 == 0:
         merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
         gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
 
@@ -2676,7 +2676,7 @@ def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O
         ticket = (request * gl.num_programs(0) + group) * 2 + WG
         if gl.atomic_add(SPLIT_TICKETS + ticket, 1, sem="acq_rel") == num_splits - 1:
             _merge_request(PARTIAL_O, half_lse, out_base, out_rows, lse_rows, row_ok, group * slots + first_work,
-                           num_splits, kv_scale, 4, MAX_SPLITS, 64, 512, 256 * WG, 256, WG == 0)
+                           num_splits, kv_scale, 4, MAX_SPLITS, 64, 512, 256 * WG, 256)
             gl.atomic_xchg(SPLIT_TICKETS + ticket, 0)
 
 

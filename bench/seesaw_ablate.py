@@ -69,7 +69,7 @@ def _stage_q_without_loads(Q, q_latent, q_rope, q_scale, kv_scale, request, grou
 @gluon.jit
 def _merge_left_out(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
                     WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
-                    DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0, WRITE_LSE: gl.constexpr = True):
+                    DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0):
     pass
 
 

@@ -254,7 +254,7 @@ def test_seesaw_running_max_moving_late_and_by_small_steps(profile):
     scales = torch.ones(case["k_cache"].shape[:2])
     if profile.startswith("one tile"):
         case["q"] = (case["q"].float() * 64).to(torch.bfloat16)
-    high, low = 1.0, (1 / 64 if profile == "one tile far above" else 0.55)
+    low = 1 / 64 if profile == "one tile far above" else 0.55  # the other tiles' keys; the lone tile's stay
     for b, n in enumerate(lens):
         lone = min((n // 64) // 2 + b, (n - 1) // 64)  # the tile that stands above the rest
         for t in range(n):
@@ -263,7 +263,7 @@ def test_seesaw_running_max_moving_late_and_by_small_steps(profile):
             elif profile == "ramp":
                 scale = 0.25 + 0.75 * t / n
             else:
-                scale = high if t // 64 == lone else low
+                scale = 1.0 if t // 64 == lone else low
             scales[table[b, t // 64], t % 64] = scale
     cache = case["k_cache"].float() * scales[:, :, None, None].cuda()
     case["k_cache"] = cache.to(case["k_cache"].dtype)  # NaN slots stay NaN
