@@ -2536,7 +2536,7 @@ def _sw_loader(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQL
     (g: the tile's number across segments) once both compute warpgroups released tile g - STAGES.
     A block id outside the cache is read at kv_rows (TMA reads zeros there); the compute
     warpgroups poison its request (_sw_compute)."""
-    TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + kv_rope.shape[2])
+    TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + kv_rope.shape[2]) * (kv_latent.dtype.primitive_bitwidth // 8)
     consumed = 0
     for _segment in range(segments):
         work = _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk,
@@ -2558,11 +2558,12 @@ def _sw_loader(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQL
 
 @gluon.jit
 def _sw_stage_q(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len, stride_q_batch,
-                stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr):
+                stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr, KV_FP8: gl.constexpr = True):
     """Warpgroup WG's 32 of the program's 64 query rows into shared memory in fp8, each row scaled
     by its own amax (one pass for the amax, one to store: the second reads hit the cache), and the
-    rows' scales (amax / FP8_MAX) into q_scale. q takes kv_scale's sign, so that S's scale per row
-    (_sw_compute's) is positive. Rows past s_q x h_q, or of a work item past the batch, are zeros."""
+    rows' scales (amax / FP8_MAX) into q_scale; for a bf16 cache (KV_FP8 off) in bf16 as they are,
+    no scales. q takes kv_scale's sign, so that S's scale per row (_sw_compute's) is positive. Rows
+    past s_q x h_q, or of a work item past the batch, are zeros."""
     QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     row_ok, q_token, head = _serving_rows(2 * group + WG, num_heads, q_len, 32, gl.SliceLayout(1, QL))
     ok = gl.expand_dims(row_ok & live, 1)
@@ -2570,27 +2571,33 @@ def _sw_stage_q(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, nu
                                                                       + head * stride_q_head, 1)
     d128 = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, QL)), 0)
     d64 = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, QL)), 0)
-    amax = gl.max(gl.abs(gl.load(base + 512 + d64, mask=ok, other=0.0).to(gl.float32)), 1)
-    for c in gl.static_range(4):
-        amax = gl.maximum(amax, gl.max(gl.abs(gl.load(base + c * 128 + d128, mask=ok, other=0.0).to(gl.float32)), 1))
-    amax = gl.maximum(amax, 1e-12)
-    inverse = gl.expand_dims(gl.where(kv_scale < 0, -FP8_MAX, FP8_MAX) / amax, 1)
+    if KV_FP8:
+        amax = gl.max(gl.abs(gl.load(base + 512 + d64, mask=ok, other=0.0).to(gl.float32)), 1)
+        for c in gl.static_range(4):
+            chunk = gl.load(base + c * 128 + d128, mask=ok, other=0.0).to(gl.float32)
+            amax = gl.maximum(amax, gl.max(gl.abs(chunk), 1))
+        amax = gl.maximum(amax, 1e-12)
+        inverse = gl.expand_dims(gl.where(kv_scale < 0, -FP8_MAX, FP8_MAX) / amax, 1)
+    else:
+        inverse = gl.where(kv_scale < 0, -1.0, 1.0)
     for c in gl.static_range(4):
         q = gl.load(base + c * 128 + d128, mask=ok, other=0.0).to(gl.float32)
-        q_latent.index(c).slice(32 * WG, 32).store((q * inverse).to(gl.float8e4nv))
+        q_latent.index(c).slice(32 * WG, 32).store((q * inverse).to(q_latent.dtype))
     q = gl.load(base + 512 + d64, mask=ok, other=0.0).to(gl.float32)
-    q_rope.slice(32 * WG, 32).store((q * inverse).to(gl.float8e4nv))
-    q_scale.slice(32 * WG, 32).store(amax / FP8_MAX)
+    q_rope.slice(32 * WG, 32).store((q * inverse).to(q_rope.dtype))
+    if KV_FP8:
+        q_scale.slice(32 * WG, 32).store(amax / FP8_MAX)
     fence_async_shared()
 
 
 @gluon.jit
 def _sw_issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, S_L: gl.constexpr):
-    """S = Q K^T (64 rows x 64 tokens) of ring slot `slot`: 4 latent boxes + rope, fp8 wgmma, issued
-    (the caller waits)."""
+    """S = Q K^T (64 rows x the slot's tokens) of ring slot `slot`: 4 latent boxes + rope, wgmma in
+    the cache's type, issued (the caller waits)."""
+    BLOCK_N: gl.constexpr = kv_latent.shape[1]
     first = slot * 4
     s = warpgroup_mma(q_latent.index(0), kv_latent.index(first).permute((1, 0)),
-                      gl.zeros([64, 64], gl.float32, layout=S_L), use_acc=False, is_async=True)
+                      gl.zeros([64, BLOCK_N], gl.float32, layout=S_L), use_acc=False, is_async=True)
     for c in gl.static_range(1, 4):
         s = warpgroup_mma(q_latent.index(c), kv_latent.index(first + c).permute((1, 0)), s, is_async=True)
     return warpgroup_mma(q_rope, kv_rope.index(slot).permute((1, 0)), s, is_async=True)
@@ -2605,10 +2612,14 @@ def _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot, S_L: gl.constexpr):
 @gluon.jit
 def _sw_store_p(p, p_buf):
     """P (64 rows x 64 tokens) into p_buf in fp8 (the callers' P is 256 P, <= 256 x 2^SW_TAU: 256 keeps
-    small probabilities normal), its tokens in the order _pv_chunk's fp8 fragment of V^T gives them (_store_probs')."""
-    p_t = gl.reshape(gl.permute(gl.reshape(gl.permute(p, (1, 0)), [2] * 6 + [64]), _pv_token_order().value),
-                     [64, 64])
-    p_buf.store(gl.permute(p_t, (1, 0)).to(gl.float8e4nv))
+    small probabilities normal), its tokens in the order _pv_chunk's fp8 fragment of V^T gives them (_store_probs');
+    a bf16 p_buf (a bf16 cache: V^T read by the MMA from the ring slot) takes P in its own token order."""
+    if p_buf.dtype == gl.bfloat16:
+        p_buf.store(p.to(gl.bfloat16))
+    else:
+        p_t = gl.reshape(gl.permute(gl.reshape(gl.permute(p, (1, 0)), [2] * 6 + [64]), _pv_token_order().value),
+                         [64, 64])
+        p_buf.store(gl.permute(p_t, (1, 0)).to(gl.float8e4nv))
 
 
 @gluon.jit
@@ -2625,16 +2636,23 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG:
            O_MMA: gl.constexpr):
     """acc_c += V_c^T P^T for warpgroup WG's two 128-dim chunks of ring slot `slot` (tile `tile` of
     the segment) with p_buf's P, fp8 wgmma with V^T's fragment by ldmatrix (_v_ldsm), waited for
-    (one tile's fragments in registers at a time). A real tile that is the segment's last first has
-    this warpgroup's chunks zeroed past kv_end (_zero_tail: a page's tail may hold NaN, and 0 x NaN
-    is NaN)."""
-    if real & (kv_begin + (tile + 1) * 64 > kv_end):
-        _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * 64, 2, 64, 128, 4)
+    (one tile's fragments in registers at a time); a bf16 cache's V^T is the slot's box read
+    transposed by the MMA (_pv_tile_bf16's). A real tile that is the segment's last first has this
+    warpgroup's chunks zeroed past kv_end (_zero_tail: a page's tail may hold NaN, and 0 x NaN is
+    NaN)."""
+    BLOCK_N: gl.constexpr = kv_latent.shape[1]
+    if real & (kv_begin + (tile + 1) * BLOCK_N > kv_end):
+        _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * BLOCK_N, 2, BLOCK_N, 128, 4)
         fence_async_shared()
         gl.thread_barrier()
     first = slot * 4 + 2 * WG
-    acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, None, 4, O_MMA, 128, 4, True)
-    acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, None, 4, O_MMA, 128, 4, True)
+    if kv_latent.dtype == gl.bfloat16:
+        p_t = p_buf.permute((1, 0))
+        acc0 = warpgroup_mma(kv_latent.index(first).permute((1, 0)), p_t, acc0, is_async=True)
+        acc1 = warpgroup_mma(kv_latent.index(first + 1).permute((1, 0)), p_t, acc1, is_async=True)
+    else:
+        acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, None, 4, O_MMA, 128, 4, True)
+        acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, None, 4, O_MMA, 128, 4, True)
     return warpgroup_mma_wait(0, deps=(acc0, acc1))
 
 
@@ -2642,15 +2660,20 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG:
 def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
               request, group, split, slots, num_splits, first_work, num_heads, q_len, stride_o_batch, stride_o_token,
               stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token, WG: gl.constexpr,
-              MAX_SPLITS: gl.constexpr):
+              MAX_SPLITS: gl.constexpr, KV_FP8: gl.constexpr = True):
     """_store_serving for warpgroup WG's 256 latent dims of the 64 rows: out and lse for a request
     of one split; otherwise its half of the split's float32 partial and its copy of the split's lse
     (both warpgroups hold the same), and the warpgroup that draws the last ticket of its half (a
     ticket per split and half) merges that half, both halves at once where the two warpgroups of
-    one program draw them (NOTES.md h63)."""
-    OUT_L: gl.constexpr = _output_layout(4, 64, False)
-    o0 = gl.convert_layout(_rows_to_dims(acc0, 4, True), OUT_L)
-    o1 = gl.convert_layout(_rows_to_dims(acc1, 4, True), OUT_L)
+    one program draw them (NOTES.md h63). A bf16 cache's accumulators (dims in order: V^T from
+    shared memory) are stored from the MMA's layout."""
+    if KV_FP8:
+        OUT_L: gl.constexpr = _output_layout(4, 64, False)
+        o0 = gl.convert_layout(_rows_to_dims(acc0, 4, True), OUT_L)
+        o1 = gl.convert_layout(_rows_to_dims(acc1, 4, True), OUT_L)
+    else:
+        o0 = acc0
+        o1 = acc1
     ROW_LAYOUT: gl.constexpr = m_run.type.layout
     row_ok, q_token, head = _serving_rows(group, num_heads, q_len, 64, ROW_LAYOUT)
     out_base = OUT + request.to(gl.int64) * stride_o_batch
@@ -2698,7 +2721,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
                 group, program, spans, segments, request, tile_begin, total, used, chunk, kv_scale, sm_scale_log2,
                 capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides, stride_bt, out_strides,
                 FP8_MAX: gl.constexpr, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
-                MAX_SPLITS: gl.constexpr, WG: gl.constexpr):
+                MAX_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
     """Compute warpgroup WG (4 warps) over the program's segments. Per segment: its 32 rows of q
     (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1), both
     warpgroups in step (NOTES.md h54): S of tile 2j + WG, its row maxima exchanged through m_smem
@@ -2709,28 +2732,35 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
     masked) gives P = 0 and its P.V reads slot 2j again, after 2j's, so no barrier is skipped and
     nothing reads an unloaded slot. Row sums are kept per warpgroup and added through l_smem on
     `fin`, with a bad block id's NaN (each warpgroup checks its own tiles' ids). Barrier phases
-    count pairs and segments across the program."""
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
-    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
+    count pairs and segments across the program. A bf16 cache: tiles of BLOCK_N (32) tokens, q and P
+    in bf16, bf16 wgmma (NOTES.md h65)."""
+    MMA_K: gl.constexpr = 32 if KV_FP8 else 16  # the MMA's k per instruction: 32 bytes
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, MMA_K])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, MMA_K])
     S_ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     O_COL: gl.constexpr = gl.SliceLayout(0, O_MMA)
     stride_q_batch, stride_q_token, stride_q_head = q_strides
     stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
-    tokens = gl.arange(0, 64, layout=gl.SliceLayout(0, S_L))
+    tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     consumed = 0
     pairs = 0
     for segment in range(segments):
         split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end, live, num_tiles = _sw_work(
-            CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk, 64)
+            CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk, BLOCK_N)
         # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this
         _sw_stage_q(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len, stride_q_batch,
-                    stride_q_token, stride_q_head, WG, FP8_MAX)
+                    stride_q_token, stride_q_head, WG, FP8_MAX, KV_FP8)
         gl.thread_barrier()
         mbarrier.arrive(staged, count=1)
         mbarrier.wait(staged, segment & 1)
         # S's scale per row, positive (q took kv_scale's sign; a NaN stays): max commutes with it
         kv_abs = gl.abs(kv_scale)
-        row_scale = q_scale.load(S_ROW) * (sm_scale_log2 * gl.where(kv_abs < 1e-30, 1e-30, kv_abs))
+        if KV_FP8:
+            row_scale = q_scale.load(S_ROW) * (sm_scale_log2 * gl.where(kv_abs < 1e-30, 1e-30, kv_abs))
+        else:  # bf16 q as it is: no scale per row
+            row_scale = gl.full([64], sm_scale_log2, gl.float32, layout=S_ROW) * gl.where(kv_abs < 1e-30, 1e-30,
+                                                                                          kv_abs)
         tokens_end = kv_end  # every token before it is attended by every row
         if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
             _, row_token, _ = _serving_rows(group, num_heads, q_len, 64, S_ROW)
@@ -2753,13 +2783,13 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
             phase_second = gl.where(second, ((g_first + 1) // STAGES) & 1, phase_first)
             t_own = 2 * j + WG
             own_real = t_own < num_tiles
-            block = gl.load(bt_row + (kv_begin + t_own * 64) // PAGE_SIZE, mask=own_real, other=0)
+            block = gl.load(bt_row + (kv_begin + t_own * BLOCK_N) // PAGE_SIZE, mask=own_real, other=0)
             slot_own = slot_first if WG == 0 else slot_second
             mbarrier.wait(loaded.index(slot_own), phase_first if WG == 0 else phase_second)
             s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_own, S_L)
             bad |= (own_real & ((block < 0) | (block >= num_blocks))).to(gl.int32)
-            if kv_begin + (t_own + 1) * 64 > tokens_end:  # a tile some row attends only in part
-                positions = gl.expand_dims(kv_begin + t_own * 64 + tokens, 0)
+            if kv_begin + (t_own + 1) * BLOCK_N > tokens_end:  # a tile some row attends only in part
+                positions = gl.expand_dims(kv_begin + t_own * BLOCK_N + tokens, 0)
                 if CAUSAL:
                     s = gl.where(positions < row_limits, s, float("-inf"))
                 else:
@@ -2812,7 +2842,7 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
             _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE,
                       SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads, q_len,
                       stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                      stride_lse_token, WG, MAX_SPLITS)
+                      stride_lse_token, WG, MAX_SPLITS, KV_FP8)
         request += 1
         tile_begin = tile_end
 
@@ -2859,10 +2889,12 @@ def _mla_decode_seesaw_kernel(
     dims (each warpgroup merges its own: h63). The parent region computes the
     schedule and forks: compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in
     step, S and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp (_sw_loader). Shared
-    memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P."""
-    gl.static_assert(KV_FP8 and not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows of an fp8 cache, 4 warps")
-    gl.static_assert(BLOCK_N == 64 and CHUNK == 128 and LATENT == 512 and PAGE_SIZE % BLOCK_N == 0,
-                     "64-token tiles of one page")
+    memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off, NOTES.md
+    h65): 32-token tiles, so that STAGES (4) slots of 36 KiB fit beside 72 KiB of bf16 q and 8 KiB of
+    bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by the MMA."""
+    gl.static_assert(not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows, 4 warps")
+    gl.static_assert(BLOCK_N == (64 if KV_FP8 else 32) and CHUNK == 128 and LATENT == 512
+                     and PAGE_SIZE % BLOCK_N == 0, "tiles of 64 (fp8) or 32 (bf16) tokens of one page")
     group = gl.program_id(0)
     program = gl.program_id(1)
     if KV_SCALE_IN_TENSOR:
@@ -2883,16 +2915,20 @@ def _mla_decode_seesaw_kernel(
             CACHE_SEQLENS, program, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N, 4)
         segments = gl.where(spans, span_segments, 1)
         request = gl.where(spans, span_request, request)
-    KV_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
-    ROPE_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float8e4nv)
+    KV_DTYPE: gl.constexpr = gl.float8e4nv if KV_FP8 else gl.bfloat16
+    KV_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 128], KV_DTYPE)
+    ROPE_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], KV_DTYPE)
+    Q_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 128], KV_DTYPE)
+    Q_ROPE_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], KV_DTYPE)
+    P_L: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK_N], KV_DTYPE)
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BAR: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_latent = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * 4, 64, 128], KV_L)
-    kv_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 64, 64], ROPE_L)
-    q_latent = gl.allocate_shared_memory(gl.float8e4nv, [4, 64, 128], KV_L)
-    q_rope = gl.allocate_shared_memory(gl.float8e4nv, [64, 64], ROPE_L)
-    q_scale = gl.allocate_shared_memory(gl.float32, [64], FLAT)
-    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, 64, 64], ROPE_L)
+    kv_latent = gl.allocate_shared_memory(KV_DTYPE, [STAGES * 4, BLOCK_N, 128], KV_L)
+    kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, 64], ROPE_L)
+    q_latent = gl.allocate_shared_memory(KV_DTYPE, [4, 64, 128], Q_L)
+    q_rope = gl.allocate_shared_memory(KV_DTYPE, [64, 64], Q_ROPE_L)
+    q_scale = gl.allocate_shared_memory(gl.float32, [64 if KV_FP8 else 1], FLAT)  # bf16 q has no scales
+    p_smem = gl.allocate_shared_memory(KV_DTYPE, [2, 64, BLOCK_N], P_L)
     c_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     m_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
     l_smem = gl.allocate_shared_memory(gl.float32, [128], FLAT)
@@ -2901,7 +2937,8 @@ def _mla_decode_seesaw_kernel(
     mbarrier.init(staged, count=2)
     # Triton 3.6 reads the descriptors' metadata from the parent region and crashes where they
     # have no use there: one copy that never runs
-    _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(0), 0, 0, False, 64 * 576, 4, 128, 512)
+    _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(0), 0, 0, False,
+               BLOCK_N * 576 * (KV_DTYPE.primitive_bitwidth // 8), 4, 128, 512)
     gl.thread_barrier()
     q_strides = (stride_q_batch, stride_q_token, stride_q_head)
     out_strides = (stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token)
@@ -2911,32 +2948,34 @@ def _mla_decode_seesaw_kernel(
                        free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
                        CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
                        used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
-                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS, 0)),
+                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS,
+                       BLOCK_N, KV_FP8, 0)),
         (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
                        free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
                        CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
                        used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
-                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS, 1)),
+                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS,
+                       BLOCK_N, KV_FP8, 1)),
         (_sw_loader, (lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program,
                       spans, segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows,
                       num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK))],
         [4, 1], [240, 32])
 
 
-def hopper_boxes(dtype="fp8e4nv", latent_3d=False):
+def hopper_boxes(dtype="fp8e4nv", latent_3d=False, tokens=64):
     """The TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: (latent box, its shared
     layout, the rope box's layout). The latent box is (64 tokens, 128 dims), one copy per chunk
     (custom_kernel's rows), or with latent_3d (boxes, 64 tokens, 128 bytes of dims: 128 fp8 or 64
     bf16), one copy a tile, each box 128-byte swizzled (the paged kernel, NOTES.md h44e). The rope
-    box is (64 tokens, 64 rope dims)."""
+    box is (64 tokens, 64 rope dims). `tokens`: the tile's tokens where not 64 (the bf16 seesaw's 32)."""
     element = gl.float8e4nv if dtype == "fp8e4nv" else gl.bfloat16
     if latent_3d:
         dims = TMA_BOX_BYTES * 8 // element.primitive_bitwidth
-        latent = ([V_HEAD_DIM // dims, 64, dims],
+        latent = ([V_HEAD_DIM // dims, tokens, dims],
                   gl.NVMMASharedLayout(TMA_BOX_BYTES, element.primitive_bitwidth, rank=3))
     else:
-        latent = ([64, HOPPER_CHUNK], gl.NVMMASharedLayout.get_default_for([64, HOPPER_CHUNK], element))
-    return *latent, gl.NVMMASharedLayout.get_default_for([64, ROPE_DIM], element)
+        latent = ([tokens, HOPPER_CHUNK], gl.NVMMASharedLayout.get_default_for([tokens, HOPPER_CHUNK], element))
+    return *latent, gl.NVMMASharedLayout.get_default_for([tokens, ROPE_DIM], element)
 
 
 # (data_ptr, rows, row stride, device) -> the two TMA descriptors of that cache. A descriptor holds
@@ -2952,25 +2991,25 @@ def tma_can_read(kv):
             and (kv.dim() == 3 or kv.stride(0) == kv.shape[1] * kv.stride(1)))
 
 
-def kv_descriptors(kv, latent_3d=False):
+def kv_descriptors(kv, latent_3d=False, tokens=64):
     """TMA descriptors over the (rows, 576) cache, rows (rows, 1, 576) or the pages of (blocks,
-    page, 1, 576), the latent one of hopper_boxes(latent_3d); cached per cache tensor (the last
-    two)."""
-    key = (kv.data_ptr(), kv.shape[0], kv.shape[1], kv.stride(0), kv.device, latent_3d)
+    page, 1, 576), the latent one of hopper_boxes(latent_3d, tokens); cached per cache tensor (the
+    last two)."""
+    key = (kv.data_ptr(), kv.shape[0], kv.shape[1], kv.stride(0), kv.device, latent_3d, tokens)
     descriptors = _KV_DESCRIPTORS.get(key)
     if descriptors is None:
         if len(_KV_DESCRIPTORS) >= 2:
             _KV_DESCRIPTORS.clear()
         rows = (kv.flatten(0, 1) if kv.dim() == 4 else kv)[:, 0, :]
         block, latent_layout, rope_layout = hopper_boxes("bf16" if kv.dtype == torch.bfloat16 else "fp8e4nv",
-                                                         latent_3d)
+                                                         latent_3d, tokens)
         if latent_3d:  # the latent dims seen as (box, row, dim): strides (box dims, row stride, 1)
             shape, strides = [block[0], rows.shape[0], block[2]], [block[2], rows.stride(0), 1]
         else:
             shape, strides = list(rows.shape), list(rows.stride())
         descriptors = _KV_DESCRIPTORS[key] = (
             TensorDescriptor(rows, shape, strides, block, latent_layout),
-            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [64, ROPE_DIM], rope_layout))
+            TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [tokens, ROPE_DIM], rope_layout))
     return descriptors
 
 
@@ -3057,11 +3096,11 @@ def hopper_fp8_compile_plan(params, fp8_dtype):
     } for cooperative in merges]
 
 
-def _hopper_leading_signature(dtype="fp8e4nv", latent_3d=False):
+def _hopper_leading_signature(dtype="fp8e4nv", latent_3d=False, tokens=64):
     """The arguments both Hopper kernels open with: q, the cache's two TMA descriptors, the scale."""
-    block, latent_layout, rope_layout = hopper_boxes(dtype, latent_3d)
+    block, latent_layout, rope_layout = hopper_boxes(dtype, latent_3d, tokens)
     return {"Q": "*bf16", "lat_desc": f"tensordesc<{dtype}[{', '.join(map(str, block))}],{latent_layout!r}>",
-            "rope_desc": f"tensordesc<{dtype}[64, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32"}
+            "rope_desc": f"tensordesc<{dtype}[{tokens}, {ROPE_DIM}],{rope_layout!r}>", "KV_SCALE": "*fp32"}
 
 
 def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(False, True), batch=128,
@@ -3075,18 +3114,20 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(Fa
         return []
     if "kv" in params:
         caches = ("fp8e4nv" if params["kv"] == "fp8" else "bf16",)
-    if params.get("seesaw"):  # an fp8 kernel of pages of whole tiles
-        caches, page_sizes = ("fp8e4nv",), [page for page in page_sizes if page >= 64]
+    if params.get("seesaw"):  # pages of whole tiles; an fp8 cache where the row names none
+        caches = caches if "kv" in params else ("fp8e4nv",)
+        page_sizes = [page for page in page_sizes if page >= 64]
     return [entry for cache in caches for entry in _hopper_paged_plan(params, cache, page_sizes, causal, batch)]
 
 
-def _hopper_paged_signature(cache, page):
-    """The signature of hopper_paged_kernel(page): TMA descriptors, or the cache and its row stride."""
+def _hopper_paged_signature(cache, page, tokens=64):
+    """The signature of hopper_paged_kernel(page): TMA descriptors (of `tokens`-token tiles), or the
+    cache and its row stride."""
     if hopper_paged_kernel(page) is _mla_decode_gathered_hopper_kernel:
         leading = {"Q": "*bf16", "KV": f"*{cache}", "KV_SCALE": "*fp32"}
         gathered = ("stride_kv_row",)
     else:
-        leading, gathered = _hopper_leading_signature(cache, latent_3d=True), ()
+        leading, gathered = _hopper_leading_signature(cache, latent_3d=True, tokens=tokens), ()
     return {
         **leading,
         "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
@@ -3109,7 +3150,8 @@ def hopper_paged_kernel(page_size, params=None):
 def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
     plan = []
     for page in page_sizes:
-        kernel, signature = hopper_paged_kernel(page, params), _hopper_paged_signature(cache, page)
+        tokens = params.get("block_n", 64)
+        kernel, signature = hopper_paged_kernel(page, params), _hopper_paged_signature(cache, page, tokens)
         plan += [{
             "kernel": kernel, "targets": ["sm90"], "signature": signature,
             "constexprs": {**keyword_defaults(kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
@@ -3119,7 +3161,8 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
                            "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
                            "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False),
                            "PV_F16": params.get("pv_f16", False),
-                           "SHARED_MAX": params.get("shared_max", False)},
+                           "SHARED_MAX": params.get("shared_max", False),
+                           **({"BLOCK_N": tokens} if "block_n" in params else {})},
             "aligned_args": [name for name, kind in signature.items()
                              if kind[0] == "*" or name == "stride_kv_row"],  # Triton marks 16-multiples
             "num_warps": params["num_warps"], "num_stages": 1,
@@ -4276,7 +4319,9 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # in step and a loader warp, S and P.V in fp8 with P as 256 P, a lazy running max; 4 warps a warpgroup, 4
 # ring slots; grid A 1.30x the tokens-as-M row's kernel time, then 1.06x with the lazy max: 0.99x FlashMLA's,
 # then 1.07x with V^T by ldmatrix and the warpgroups in step, 1.02x with each warpgroup merging its half of the
-# dims: NOTES.md h51-h54, h63). A bf16 cache with 32 or more rows:
+# dims: NOTES.md h51-h54, h63). A bf16 cache with 64 or more rows on pages of whole tiles: the same seesaw kernel
+# on 32-token tiles ("block_n": 32: four 36 KiB slots beside 72 KiB of bf16 q), S and P.V in bf16 (NOTES.md
+# h65). Elsewhere a bf16 cache with 32 or more rows:
 # 32 rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x the 16-row
 # row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted exactly in registers, P in f16,
 # half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64 rows and 8 warps on pages shorter than a
@@ -4301,6 +4346,9 @@ SERVING_ROUTE_TABLE = [
                 "pv_f16": True, "shared_max": True}},
     {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
+    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
+                "seesaw": True, "block_n": 32}},
     {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
      "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
                 "shared_max": True}},
@@ -4617,7 +4665,8 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
                   "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits),
                   "PV_F16": params.get("pv_f16", False),
-                  "SHARED_MAX": params.get("shared_max", False)}
+                  "SHARED_MAX": params.get("shared_max", False),
+                  **({"BLOCK_N": params["block_n"]} if "block_n" in params else {})}
     scalars = _with_k_scale((
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
         batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),
@@ -4625,7 +4674,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
         lse.stride(2), *((k_cache.stride(1),) if gather else ())), k_scale)
 
     def cache_args(k_cache):  # the gathered kernel reads the cache; the TMA one its two descriptors
-        return (k_cache,) if gather else kv_descriptors(k_cache, True)
+        return (k_cache,) if gather else kv_descriptors(k_cache, True, params.get("block_n", 64))
     descriptors = [k_cache.data_ptr(), *cache_args(k_cache)]  # the last cache's, rebuilt when it moves
     entry = launch(kernel, (groups, plan.num_splits + batch),
                    _hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse, workspace),

@@ -1,11 +1,12 @@
 """Where the seesaw kernel's time goes (NOTES.md h56): submission's _mla_decode_seesaw_kernel timed with
-one stage left out, on the serving API's fp8 path (H200.md's method: time variants that leave a stage out
-and take differences). A variant replaces one of the kernel's jitted helpers in submission before anything
-compiles (Gluon takes a helper from its module when it compiles, and the cache key follows it), so each
-variant runs in a process of its own. Times only: a variant's output is wrong by design and not checked.
+one stage left out, on the serving API's fp8 path or (--kv bf16) its bf16 one (H200.md's method: time
+variants that leave a stage out and take differences). A variant replaces one of the kernel's jitted
+helpers in submission before anything compiles (Gluon takes a helper from its module when it compiles,
+and the cache key follows it), so each variant runs in a process of its own. Times only: a variant's
+output is wrong by design and not checked.
 
     python bench/seesaw_ablate.py [--variants full,no_pv,...] [--batch 128] [--heads 128] [--length 4096]
-                                  [--repeats 20] [--compile-only]
+                                  [--repeats 20] [--kv fp8|bf16] [--compile-only]
 
 Variants (what the pair loop no longer does):
   full        nothing left out
@@ -47,7 +48,8 @@ def _pv_left_out(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc
 
 @gluon.jit
 def _scores_left_out(kv_latent, kv_rope, q_latent, q_rope, slot, S_L: gl.constexpr):
-    return gl.zeros([64, 64], gl.float32, layout=S_L)
+    BLOCK_N: gl.constexpr = kv_latent.shape[1]
+    return gl.zeros([64, BLOCK_N], gl.float32, layout=S_L)
 
 
 @gluon.jit
@@ -57,12 +59,14 @@ def _store_p_left_out(p, p_buf):
 
 @gluon.jit
 def _stage_q_without_loads(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len,
-                           stride_q_batch, stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr):
+                           stride_q_batch, stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr,
+                           KV_FP8: gl.constexpr = True):
     QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     for c in gl.static_range(4):
-        q_latent.index(c).slice(32 * WG, 32).store(gl.zeros([32, 128], gl.float32, layout=QL).to(gl.float8e4nv))
-    q_rope.slice(32 * WG, 32).store(gl.zeros([32, 64], gl.float32, layout=QL).to(gl.float8e4nv))
-    q_scale.slice(32 * WG, 32).store(gl.full([32], 1.0, gl.float32, layout=gl.SliceLayout(1, QL)))
+        q_latent.index(c).slice(32 * WG, 32).store(gl.zeros([32, 128], gl.float32, layout=QL).to(q_latent.dtype))
+    q_rope.slice(32 * WG, 32).store(gl.zeros([32, 64], gl.float32, layout=QL).to(q_rope.dtype))
+    if KV_FP8:
+        q_scale.slice(32 * WG, 32).store(gl.full([32], 1.0, gl.float32, layout=gl.SliceLayout(1, QL)))
     fence_async_shared()
 
 
@@ -77,7 +81,7 @@ def _merge_left_out(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok
 def _store_left_out(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
                     request, group, split, slots, num_splits, first_work, num_heads, q_len, stride_o_batch,
                     stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
-                    WG: gl.constexpr, MAX_SPLITS: gl.constexpr):
+                    WG: gl.constexpr, MAX_SPLITS: gl.constexpr, KV_FP8: gl.constexpr = True):
     pass
 
 
@@ -100,13 +104,13 @@ def apply(variant):
         setattr(S, name, helper)
 
 
-def compile_facts(variant):
-    """The sm_90 compile of the seesaw kernel's plain row (page 64, causal off) with the variant applied."""
+def compile_facts(variant, kv):
+    """The sm_90 compile of the seesaw kernel's plain row for the cache `kv` (page 64, causal off) with the
+    variant applied."""
     from tools import kernel_report as kr
     apply(variant)
     spec = kr.TARGETS["sm90"]
-    row = S.SERVING_ROUTE_TABLE[0]
-    assert row["params"].get("seesaw"), row
+    row = next(row for row in S.SERVING_ROUTE_TABLE if row["kv"] == kv and row["params"].get("seesaw"))
     plan = S.triton_compile_plan(row["route"], dict(row["params"], kv=row["kv"]), spec.fp8_dtype)
     entry = next(e for e in plan if e["kernel"] is S._mla_decode_seesaw_kernel
                  and e["constexprs"].get("PAGE_SIZE") == 64 and not e["constexprs"].get("CAUSAL"))
@@ -116,21 +120,23 @@ def compile_facts(variant):
             "hot_loop_locals": facts["hot_loop_locals"], "mma": facts["mma"]["total"]}
 
 
-def time_variant(variant, batch, heads, length, repeats):
-    """Kernel time (us, median and mean) of the API on a uniform fp8 batch with the variant applied."""
+def time_variant(variant, batch, heads, length, repeats, kv):
+    """Kernel time (us, median and mean) of the API on a uniform batch over a `kv` cache (fp8 or bf16)
+    with the variant applied."""
     import utils
     from serving_peers import kernel_times
     apply(variant)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(batch, 1, heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
     blocks = batch * length // 64
-    cache = torch.randn(blocks, 64, 1, 576, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+    cache = torch.randn(blocks, 64, 1, 576, device="cuda", generator=gen).to(dtype)
     table = torch.randperm(blocks, device="cuda", generator=gen).to(torch.int32).view(batch, -1)
     lens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
     plan = S.get_mla_decode_metadata()[0]
 
     def call():
-        return S.mla_decode_with_kvcache(q, cache, table, lens, 512, plan, k_scale=1.0)
+        return S.mla_decode_with_kvcache(q, cache, table, lens, 512, plan, k_scale=1.0 if kv == "fp8" else None)
 
     call()
     assert plan.route["params"].get("seesaw"), plan.route
@@ -144,6 +150,7 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=128, help="64 or more: the seesaw's plans")
     parser.add_argument("--length", type=int, default=4096, help="tokens per request (a multiple of 64)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--kv", default="fp8", choices=("fp8", "bf16"), help="the cache's type")
     parser.add_argument("--compile-only", action="store_true", help="sm_90 compile facts, no GPU")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process's variant
     args = parser.parse_args(argv)
@@ -153,9 +160,10 @@ def main(argv=None):
         parser.error(f"unknown variants {unknown}" if unknown else "--heads >= 64, --length a multiple of 64")
     if args.one:  # one variant in this process: the replacement precedes every compile
         if args.compile_only:
-            result = compile_facts(args.one)
+            result = compile_facts(args.one, args.kv)
         else:
-            median, mean = time_variant(args.one, args.batch, args.heads, args.length, args.repeats)
+            median, mean = time_variant(args.one, args.batch, args.heads, args.length, args.repeats,
+                                        args.kv)
             result = {"variant": args.one, "median_us": median, "mean_us": mean}
         print("RESULT " + json.dumps(result), flush=True)
         return 0
@@ -166,7 +174,8 @@ def main(argv=None):
     results = {}
     for variant in variants:
         argv_child = [sys.executable, os.path.abspath(__file__), "--one", variant, "--batch", str(args.batch),
-                      "--heads", str(args.heads), "--length", str(args.length), "--repeats", str(args.repeats)]
+                      "--heads", str(args.heads), "--length", str(args.length), "--repeats", str(args.repeats),
+                      "--kv", args.kv]
         proc = subprocess.run(argv_child + (["--compile-only"] if args.compile_only else []), capture_output=True,
                               text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -180,7 +189,7 @@ def main(argv=None):
             full = results.get("full", {}).get("median_us")
             median = results[variant]["median_us"]
             extra = f", full - it {full - median:+.1f} us" if full is not None else ""
-            print(f"b{args.batch} h{args.heads} L{args.length} {variant:11s} {median:8.1f} us "
+            print(f"{args.kv} b{args.batch} h{args.heads} L{args.length} {variant:11s} {median:8.1f} us "
                   f"(mean {results[variant]['mean_us']:.1f}){extra}", flush=True)
     return 0 if len(results) == len(variants) else 1
 

@@ -15,7 +15,7 @@ import torch
 
 import reference
 import submission
-from test_kernel_report import SEESAW_TILE_LOOP_SPILLS
+from test_kernel_report import SEESAW_BF16_TILE_LOOP_SPILLS, SEESAW_TILE_LOOP_SPILLS
 
 LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024),
                (256, 8192)]
@@ -138,7 +138,7 @@ def _capture_launches(monkeypatch):
     monkeypatch.setitem(submission._SM_COUNTS, torch.device("cpu"), 132)
     monkeypatch.setattr(submission, "launch", lambda kernel, grid, tensors, scalars, constexprs, *a, **k:
                         launched.append((grid, tensors, scalars, constexprs)))
-    monkeypatch.setattr(submission, "kv_descriptors", lambda kv, kv_format="fp8": (kv_format, kv_format))
+    monkeypatch.setattr(submission, "kv_descriptors", lambda kv, kv_format="fp8", tokens=64: (kv_format, kv_format))
     return launched
 
 
@@ -400,7 +400,8 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
         config = (kv, rows_, warps, stages, page, causal, registers, spills, spans, tile_loop_spills)
         # the seesaw kernel (4 warps at 64 rows) reloads a few of its segment loop's scalars in its
         # pair loops: test_kernel_report's allowance (NOTES.md h51)
-        seesaw_allowance = SEESAW_TILE_LOOP_SPILLS if (rows_, warps) == (64, 4) else 0
+        seesaw_allowance = ((SEESAW_BF16_TILE_LOOP_SPILLS if kv == "bf16" else SEESAW_TILE_LOOP_SPILLS)
+                            if (rows_, warps) == (64, 4) else 0)
         assert parsed and lds_fits and tile_loop_spills <= seesaw_allowance, config
         assert spill_free or spans, config
         assert lds <= submission.hopper_shared_bytes_bound(stages, 2 if kv == "bf16" else 1, rows_), (config, lds)
@@ -429,17 +430,15 @@ def _serving_row(shape, monkeypatch):
                                           (1, 32, True), (1, 128, True), (2, 128, True), (3, 16, True)])
 def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wide):
     """A bf16 plan with fewer than 32 query rows (s_q x h_q) takes the 16-row Hopper row; 32 or
-    more the row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows).
+    more the row of 32 rows per program at 8 warps (one pass over the cache serves twice the rows),
+    and from 64 on pages of whole tiles the seesaw kernel on 32-token tiles (NOTES.md h65).
     fp8 plans take 16 rows below 32, 32 rows at 8 warps from 32 (B at two query tokens: NOTES.md
     h49c) and from 64 on 64 rows: on pages of whole tiles (64, 128) the seesaw kernel (query rows
     as M, two compute warpgroups and a loader warp at 4 warps a warpgroup, P.V in fp8: NOTES.md
     h51), on shorter pages the tokens-as-M kernel at 8 warps (gathered); that kernel's fp8 P.V is
     f16 on the serving API."""
-    if kv == "bf16":
-        rows = 32 if wide else 16
-    else:
-        rows = 64 if s_q * h_q >= 64 else 32 if wide else 16
-    seesaw = kv == "fp8" and rows == 64
+    rows = 64 if s_q * h_q >= 64 else 32 if wide else 16
+    seesaw = rows == 64
     row = _serving_row((128, s_q, h_q, 64, kv, s_q > 1), monkeypatch)
     assert row["route"] == "hopper_paged" and row["kv"] == kv
     assert submission.route_rows(row) == rows and s_q * h_q >= row.get("min_rows", 0)
@@ -452,7 +451,9 @@ def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wid
     # pages smaller than a tile: the gathered kernel (NOTES.md h48), the seesaw row's rows at 8 warps
     for page in (1, 16, 32):
         short = _serving_row((128, s_q, h_q, page, kv, s_q > 1), monkeypatch)
-        assert short is row or (seesaw and submission.route_rows(short) == 64 and short["params"]["pv_f16"])
+        # (the fp8 seesaw's rows at 8 warps; the bf16 one's at the 32-row row)
+        assert short is row or (seesaw and submission.route_rows(short) == (64 if kv == "fp8" else 32)
+                                and short["params"].get("pv_f16", False) == (kv == "fp8"))
         assert submission.hopper_paged_kernel(page, short["params"]) is submission._mla_decode_gathered_hopper_kernel
 
 
@@ -475,7 +476,8 @@ def test_residency_and_shared_bound_take_the_rows():
 
 @pytest.mark.parametrize("kv,s_q,h_q,rows,warps", [("fp8", 1, 16, 16, 4), ("fp8", 2, 128, 64, 4),
                                                    ("fp8", 2, 24, 32, 8), ("fp8", 3, 8, 16, 4),
-                                                   ("bf16", 1, 128, 32, 8), ("bf16", 2, 8, 16, 4)])
+                                                   ("bf16", 1, 128, 64, 4), ("bf16", 1, 32, 32, 8),
+                                                   ("bf16", 2, 8, 16, 4)])
 def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_q, rows, warps):
     """_fill_plan cuts s_q x h_q into cdiv(s_q x h_q, rows) groups, aims for one chunk per program
     slot (132 SMs x programs per SM), and sizes the partials (slots, 512, rows) and their lse
@@ -511,4 +513,5 @@ def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_
     assert grid == (groups, plan.num_splits + batch)
     assert (constexprs["NUM_HEADS"], constexprs["WARPS"], constexprs["KV_FP8"]) == (rows, warps, kv == "fp8")
     assert constexprs["PV_F16"] == (kv == "fp8" and not params.get("seesaw"))
-    assert bool(params.get("seesaw")) == (kv == "fp8" and rows == 64)  # page 64: the seesaw kernel (h51)
+    assert bool(params.get("seesaw")) == (rows == 64)  # page 64: the seesaw kernel (h51; bf16: h65)
+    assert constexprs.get("BLOCK_N", 64) == (32 if params.get("seesaw") and kv == "bf16" else 64)

@@ -197,16 +197,19 @@ def test_wide_rows_and_16_rows_are_right_on_the_same_inputs(monkeypatch, kv, s_q
     (3, 48, 64, [700, 4100, 64], True, None),  # 144 rows: a third group of 16 rows
     (1, 64, 64, [20000, 100, 7000], False, 64),  # 16 splits (the cap) and 6: the widest merges
 ])
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
 def test_seesaw_rows_are_right_and_agree_with_the_tokens_as_m_kernel(monkeypatch, s_q, h_q, page, lens, causal,
-                                                                      target):
-    """SERVING_ROUTE_TABLE's seesaw row (query rows as M, fp8 P.V: NOTES.md h51) and the fp8 64-row
-    row of the tokens-as-M kernel, each forced ahead of the table, are right on the same inputs and
-    agree; a tensor k_scale; a NaN in one request's q stays in that request's rows."""
-    case = make_case(len(lens), s_q, h_q, page, lens, kv="fp8", seed=h_q + s_q + page)
-    case["k_scale"] = torch.tensor([case["k_scale"]], dtype=torch.float32, device="cuda")
+                                                                      target, kv):
+    """SERVING_ROUTE_TABLE's seesaw rows (query rows as M: fp8 P.V, NOTES.md h51; bf16 on 32-token
+    tiles, h65) and the tokens-as-M kernel's row for the same cache (fp8: 64 rows, bf16: 32), each
+    forced ahead of the table, are right on the same inputs and agree; a tensor k_scale (fp8); a NaN
+    in one request's q stays in that request's rows."""
+    case = make_case(len(lens), s_q, h_q, page, lens, kv=kv, seed=h_q + s_q + page)
+    if kv == "fp8":
+        case["k_scale"] = torch.tensor([case["k_scale"]], dtype=torch.float32, device="cuda")
     table = submission.SERVING_ROUTE_TABLE
-    seesaw_row = next(row for row in table if row["params"].get("seesaw"))
-    tokens_row = next(row for row in table if row["kv"] == "fp8" and row.get("min_rows") == 64
+    seesaw_row = next(row for row in table if row["kv"] == kv and row["params"].get("seesaw"))
+    tokens_row = next(row for row in table if row["kv"] == kv and row.get("min_rows") == (64 if kv == "fp8" else 32)
                       and not row["params"].get("seesaw"))
     results = []
     for row in (seesaw_row, tokens_row):
@@ -216,14 +219,14 @@ def test_seesaw_rows_are_right_and_agree_with_the_tokens_as_m_kernel(monkeypatch
         results.append(run(case, causal=causal, plan=plan))
         assert plan.route is row
     torch.cuda.synchronize()
-    right = dict(case, k_scale=case["k_scale"].item())
+    right = dict(case, k_scale=case["k_scale"].item()) if kv == "fp8" else case
     for out, lse in results:
-        assert_right(right, out, lse, causal=causal, kv="fp8")
+        assert_right(right, out, lse, causal=causal, kv=kv)
     (out, lse), (tokens_out, tokens_lse) = results
     attended = torch.isfinite(tokens_lse).permute(0, 2, 1)
     rel = ((out[attended].double() - tokens_out[attended].double()).norm()
            / tokens_out[attended].double().norm()).item()
-    assert rel < 0.05, rel  # fp8 P and per-row q scales against f16 P and per-program ones
+    assert rel < (0.05 if kv == "fp8" else 0.01), rel  # fp8: P and per-row q scales against f16 P and per-program ones
     poisoned = case["q"].clone()
     poisoned[1, 0, 0, 5] = float("nan")
     monkeypatch.setattr(submission, "SERVING_ROUTE_TABLE", [seesaw_row] + table)
