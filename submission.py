@@ -2497,12 +2497,12 @@ def _mla_decode_gathered_hopper_kernel(
                    SPANS, PV_F16, SHARED_MAX, True, KV, stride_kv_row)
 
 
-# --- the serving API's fp8 cache with query rows as the MMA's M: the seesaw kernel ------------
+# --- the serving API's caches with query rows as the MMA's M: the seesaw kernel -------------
 # After FlashMLA's "seesaw" schedule (its deep-dive document describes it; none of its code is used)
-# in Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51): 64 query rows a program, two
-# compute warpgroups, a tile each of every pair of tiles (in step since h54: the pair's running max
-# from both tiles' maxima), and a one-warp TMA loader; the schedule, pages, partials and merge of
-# _hopper_decode's serving path.
+# in Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51), and over the bf16 cache on
+# 32-token tiles (h65): 64 query rows a program, two compute warpgroups, a tile each of every pair
+# of tiles (in step since h54: the pair's running max from both tiles' maxima), and a one-warp TMA
+# loader; the schedule, pages, partials and merge of _hopper_decode's serving path.
 
 # A row's running max moves only where a tile passes it by more than this (log2 units, NOTES.md
 # h52): P <= 2^0.8, stored as 256 P <= 446 within e4m3's 448
@@ -2726,8 +2726,8 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
     (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1), both
     warpgroups in step (NOTES.md h54): S of tile 2j + WG, its row maxima exchanged through m_smem
     on tile_max (both take the pair's running max, SW_TAU's lazy one, and its one rescale factor),
-    P (fp8) published on pub[WG] into p_smem[WG] (released on done[WG] by the other warpgroup),
-    then P.V of both tiles for latent dims [256 WG, 256 WG + 256); ring slots are released on free
+    P (in the cache's type) published on pub[WG] into p_smem[WG] (released on done[WG] by the other
+    warpgroup), then P.V of both tiles for latent dims [256 WG, 256 WG + 256); ring slots are released on free
     (both warpgroups arrive). An odd tile count ends on a phantom tile 2j + 1: its S (of slot 2j,
     masked) gives P = 0 and its P.V reads slot 2j again, after 2j's, so no barrier is skipped and
     nothing reads an unloaded slot. Row sums are kept per warpgroup and added through l_smem on
@@ -2883,13 +2883,13 @@ def _mla_decode_seesaw_kernel(
     LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
     SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
 ):
-    """The serving API's fp8 cache on pages of whole tiles with query rows as the MMA's M (NOTES.md
+    """The serving API's caches on pages of whole tiles with query rows as the MMA's M (NOTES.md
     h51): grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
     chunks, or spans), the same partials and merge, the partial lse and tickets per half of the
     dims (each warpgroup merges its own: h63). The parent region computes the
     schedule and forks: compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in
-    step, S and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp (_sw_loader). Shared
-    memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off, NOTES.md
+    step; for an fp8 cache S and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp
+    (_sw_loader). Shared memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off, NOTES.md
     h65): 32-token tiles, so that STAGES (4) slots of 36 KiB fit beside 72 KiB of bf16 q and 8 KiB of
     bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by the MMA."""
     gl.static_assert(not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows, 4 warps")
