@@ -2558,13 +2558,14 @@ def _sw_loader(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQL
 
 @gluon.jit
 def _sw_stage_q(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len, stride_q_batch,
-                stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr, KV_FP8: gl.constexpr = True):
+                stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr):
     """Warpgroup WG's 32 of the program's 64 query rows into shared memory in fp8, each row scaled
     by its own amax (one pass for the amax, one to store: the second reads hit the cache), and the
-    rows' scales (amax / FP8_MAX) into q_scale; for a bf16 cache (KV_FP8 off) in bf16 as they are,
-    no scales. q takes kv_scale's sign, so that S's scale per row (_sw_compute's) is positive. Rows
+    rows' scales (amax / FP8_MAX) into q_scale; for a bf16 cache (a bf16 q_latent) in bf16 as they
+    are, no scales. q takes kv_scale's sign, so that S's scale per row (_sw_compute's) is positive. Rows
     past s_q x h_q, or of a work item past the batch, are zeros."""
     QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    KV_FP8: gl.constexpr = q_latent.dtype == gl.float8e4nv
     row_ok, q_token, head = _serving_rows(2 * group + WG, num_heads, q_len, 32, gl.SliceLayout(1, QL))
     ok = gl.expand_dims(row_ok & live, 1)
     base = Q + request.to(gl.int64) * stride_q_batch + gl.expand_dims(q_token * stride_q_token
@@ -2750,17 +2751,17 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
             CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk, BLOCK_N)
         # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this
         _sw_stage_q(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len, stride_q_batch,
-                    stride_q_token, stride_q_head, WG, FP8_MAX, KV_FP8)
+                    stride_q_token, stride_q_head, WG, FP8_MAX)
         gl.thread_barrier()
         mbarrier.arrive(staged, count=1)
         mbarrier.wait(staged, segment & 1)
         # S's scale per row, positive (q took kv_scale's sign; a NaN stays): max commutes with it
         kv_abs = gl.abs(kv_scale)
+        s_scale = sm_scale_log2 * gl.where(kv_abs < 1e-30, 1e-30, kv_abs)
         if KV_FP8:
-            row_scale = q_scale.load(S_ROW) * (sm_scale_log2 * gl.where(kv_abs < 1e-30, 1e-30, kv_abs))
+            row_scale = q_scale.load(S_ROW) * s_scale
         else:  # bf16 q as it is: no scale per row
-            row_scale = gl.full([64], sm_scale_log2, gl.float32, layout=S_ROW) * gl.where(kv_abs < 1e-30, 1e-30,
-                                                                                          kv_abs)
+            row_scale = gl.full([64], s_scale, gl.float32, layout=S_ROW)
         tokens_end = kv_end  # every token before it is attended by every row
         if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
             _, row_token, _ = _serving_rows(group, num_heads, q_len, 64, S_ROW)
@@ -3147,22 +3148,26 @@ def hopper_paged_kernel(page_size, params=None):
     return _mla_decode_seesaw_kernel if (params or {}).get("seesaw") else _mla_decode_paged_hopper_kernel
 
 
+def hopper_row_constexprs(params):
+    """The Hopper paged kernels' constexprs that a hopper_paged route row's params fix, for the
+    compile plan and the launch alike (BLOCK_N only where the row names its tile: the bf16 seesaw's)."""
+    return {"STAGES": params["num_stages"], "WARPS": params["num_warps"], "NUM_HEADS": params.get("rows", SERVING_ROWS),
+            "PV_F16": params.get("pv_f16", False), "SHARED_MAX": params.get("shared_max", False),
+            **({"BLOCK_N": params["block_n"]} if "block_n" in params else {})}
+
+
 def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
     plan = []
+    tokens = params.get("block_n", 64)
     for page in page_sizes:
-        tokens = params.get("block_n", 64)
         kernel, signature = hopper_paged_kernel(page, params), _hopper_paged_signature(cache, page, tokens)
         plan += [{
             "kernel": kernel, "targets": ["sm90"], "signature": signature,
             "constexprs": {**keyword_defaults(kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
-                           "PAGE_SIZE": page, "STAGES": params["num_stages"], "WARPS": params["num_warps"],
-                           "NUM_HEADS": params.get("rows", SERVING_ROWS),
+                           "PAGE_SIZE": page, **hopper_row_constexprs(params),
                            "CAUSAL": c, "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)),
                            "MAX_SPLITS": SERVING_MAX_SPLITS, "KV_FP8": cache == "fp8e4nv",
-                           "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False),
-                           "PV_F16": params.get("pv_f16", False),
-                           "SHARED_MAX": params.get("shared_max", False),
-                           **({"BLOCK_N": tokens} if "block_n" in params else {})},
+                           "KV_SCALE_IN_TENSOR": cache == "fp8e4nv", "SPANS": params.get("spans", False)},
             "aligned_args": [name for name, kind in signature.items()
                              if kind[0] == "*" or name == "stride_kv_row"],  # Triton marks 16-multiples
             "num_warps": params["num_warps"], "num_stages": 1,
@@ -4659,14 +4664,10 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     workspace = plan.workspace
     kernel = hopper_paged_kernel(page_size, params)
     gather = kernel is _mla_decode_gathered_hopper_kernel
-    constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, "STAGES": params["num_stages"],
-                  "WARPS": params["num_warps"], "NUM_HEADS": rows, "CAUSAL": causal and s_q > 1,
-                  "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
+    constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, **hopper_row_constexprs(params),
+                  "CAUSAL": causal and s_q > 1, "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
-                  "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits),
-                  "PV_F16": params.get("pv_f16", False),
-                  "SHARED_MAX": params.get("shared_max", False),
-                  **({"BLOCK_N": params["block_n"]} if "block_n" in params else {})}
+                  "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits)}
     scalars = _with_k_scale((
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
         batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),

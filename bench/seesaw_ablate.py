@@ -59,13 +59,12 @@ def _store_p_left_out(p, p_buf):
 
 @gluon.jit
 def _stage_q_without_loads(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len,
-                           stride_q_batch, stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr,
-                           KV_FP8: gl.constexpr = True):
+                           stride_q_batch, stride_q_token, stride_q_head, WG: gl.constexpr, FP8_MAX: gl.constexpr):
     QL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     for c in gl.static_range(4):
         q_latent.index(c).slice(32 * WG, 32).store(gl.zeros([32, 128], gl.float32, layout=QL).to(q_latent.dtype))
     q_rope.slice(32 * WG, 32).store(gl.zeros([32, 64], gl.float32, layout=QL).to(q_rope.dtype))
-    if KV_FP8:
+    if q_latent.dtype == gl.float8e4nv:  # a bf16 q has no scales
         q_scale.slice(32 * WG, 32).store(gl.full([32], 1.0, gl.float32, layout=gl.SliceLayout(1, QL)))
     fence_async_shared()
 
