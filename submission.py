@@ -1885,11 +1885,12 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     request = gl.sum(before.to(gl.int32), 0)
     segments = gl.maximum(gl.sum(((starts < span_end) & (i < batch_size)).to(gl.int32), 0) - request, 0)
     tile_begin = gl.sum(gl.where(before, units, 0), 0)
-    # Which schedule this call takes: each one's time in tiles of its busiest program (a merge
-    # costs 3/8 of a tile per pass, a pass per split-count class of _store_serving; the spans'
-    # widest request meets at most cdiv(its tiles x used, total) + 1 spans), the spans only when
-    # strictly shorter. Chunks (_serving_work) keep a uniform batch's requests whole or evenly cut,
-    # spans cut across requests and merge more (NOTES.md h42).
+    # Which schedule this call takes: each one's time in tiles of its busiest program (a split
+    # request costs 3/8 of a tile per pass of its merge's split-count class, a term from when the
+    # last split merged in this kernel; without it, now that _mla_combine_kernel merges, grids A-C
+    # time the same: NOTES.md h73; the spans' widest request meets at most cdiv(its tiles x used,
+    # total) + 1 spans), the spans only when strictly shorter. Chunks (_serving_work) keep a
+    # uniform batch's requests whole or evenly cut, spans cut across requests and merge more (h42).
     chunk_tiles = _chunk_tokens(lengths, programs, min_chunk, MAX_SPLITS, BLOCK_N) // BLOCK_N
     chunk_splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(units, chunk_tiles), 1), 0)
     items = gl.sum(chunk_splits, 0)
@@ -1904,8 +1905,8 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
 
 @gluon.jit
 def _merge_passes(splits):
-    """The passes _store_serving's merge makes over a request of this many splits: 0 for one
-    split, else its layout's split count (4, 8 or 16)."""
+    """The passes a merge of a request of this many splits makes in its layout's class: 0 for one
+    split, else the class's split count (4, 8 or 16)."""
     return gl.where(splits <= 1, 0, gl.where(splits <= 4, 4, gl.where(splits <= 8, 8, 16)))
 
 
@@ -2007,58 +2008,92 @@ def _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS: gl.constexpr, N
 
 
 @_constexpr_function
-def _serving_merge_slice(latent, splits, rows, warps):
+def _serving_merge_slice(latent, splits, rows, warps, dims):
     """Latent dims _merge_serving merges at once: 64 floats of partials per thread (16 rows at 4
-    warps, 32 at 8: latent / splits dims; twice the rows per thread: half as many dims)."""
-    return latent // splits // max(1, rows // (4 * warps))
+    warps, 32 at 8: latent / splits dims; twice the rows per thread: half as many dims), at most
+    the `dims` it merges."""
+    return min(dims, latent // splits // max(1, rows // (4 * warps)))
 
 
 @gluon.jit
-def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale,
+def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale, dim0,
                    WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
-                   DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0):
-    """Latent dims [DIM0, DIM0 + DIMS) (DIMS 0: every dim) of the request's rows merged from its
-    num_splits (<= SPLITS) splits."""
-    SLICE: gl.constexpr = _serving_merge_slice(LATENT, SPLITS, NUM_HEADS, WARPS)
-    for dim_begin in range(DIM0, DIM0 + (DIMS if DIMS else LATENT), SLICE):
+                   DIMS: gl.constexpr):
+    """Latent dims [dim0, dim0 + DIMS) of the request's rows merged from its num_splits (<= SPLITS)
+    splits."""
+    SLICE: gl.constexpr = _serving_merge_slice(LATENT, SPLITS, NUM_HEADS, WARPS, DIMS)
+    for dim_begin in range(dim0, dim0 + DIMS, SLICE):
         _merge_slice(PARTIAL_O, PARTIAL_LSE, out_base, first_slot, dim_begin, kv_scale, WARPS, SPLITS, SLICE,
                      NUM_HEADS, LATENT, num_splits, rows, row_ok)
 
 
 @gluon.jit
 def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
-                   WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
-                   DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0):
-    """A request's rows of out (dims [DIM0, DIM0 + DIMS), every dim where DIMS is 0) from its
-    num_splits partials in slots first_slot ... (the split that drew its last ticket calls this):
-    _merge_serving in the layout of the smallest split-count class that holds them (4, 8 or
-    MAX_SPLITS), then, by the merge that holds dim 0, the merged lse."""
+                   dim0, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                   LATENT: gl.constexpr, DIMS: gl.constexpr):
+    """A request's rows of out, dims [dim0, dim0 + DIMS), from its num_splits partials in slots
+    first_slot ...: _merge_serving in the layout of the smallest split-count class that holds them
+    (4, 8 or MAX_SPLITS), then, by the part that holds dim 0, the merged lse."""
     if num_splits <= 4:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS, 4,
-                       NUM_HEADS, LATENT, DIM0, DIMS)
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, 4, NUM_HEADS, LATENT, DIMS)
     elif num_splits <= 8:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS, 8,
-                       NUM_HEADS, LATENT, DIM0, DIMS)
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, 8, NUM_HEADS, LATENT, DIMS)
     else:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, WARPS,
-                       MAX_SPLITS, NUM_HEADS, LATENT, DIM0, DIMS)
-    if DIM0 == 0:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, MAX_SPLITS, NUM_HEADS, LATENT, DIMS)
+    if dim0 == 0:
         merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
         gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
 
 
 @gluon.jit
+def _store_split_count(SPLIT_COUNTS, request, split, group, num_splits, first_work):
+    """The request's first partial slot and split count, for _mla_combine_kernel, written by its
+    first split of row group 0 (every request has one, so no count is left from an earlier call)."""
+    if (split == 0) & (group == 0):
+        gl.store(SPLIT_COUNTS + 2 * request, first_work)
+        gl.store(SPLIT_COUNTS + 2 * request + 1, num_splits)
+
+
+@gluon.jit
+def _mla_combine_kernel(PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, KV_SCALE, OUT, LSE, kv_scale_value, slots, num_heads,
+                        q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                        stride_lse_token, NUM_HEADS: gl.constexpr, MAX_SPLITS: gl.constexpr, DIMS: gl.constexpr,
+                        WARPS: gl.constexpr, KV_SCALE_IN_TENSOR: gl.constexpr, LATENT: gl.constexpr = 512):
+    """The serving API's merge of split requests, after the Hopper kernel (FlashMLA's combine step
+    too): program (request, row group, part) merges dims [part x DIMS, part x DIMS + DIMS) of the
+    group's NUM_HEADS rows from the request's partials, where its split count (SPLIT_COUNTS, written
+    by the kernel before) is above one; a request of one split was written whole by the kernel.
+    Spread over the grid, a request's merge costs one memory latency per part, where the split that
+    finished last took them one after the other (NOTES.md h72)."""
+    request = gl.program_id(0)
+    group = gl.program_id(1)
+    num_splits = gl.load(SPLIT_COUNTS + 2 * request + 1)
+    if num_splits > 1:
+        first_slot = group * slots + gl.load(SPLIT_COUNTS + 2 * request)
+        kv_scale = gl.load(KV_SCALE) if KV_SCALE_IN_TENSOR else kv_scale_value
+        ROW_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, ROW_LAYOUT)
+        out_base = OUT + request.to(gl.int64) * stride_o_batch
+        lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
+        _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, q_token * stride_o_token + head * stride_o_head, lse_rows,
+                       row_ok, first_slot, num_splits, kv_scale, gl.program_id(2) * DIMS, WARPS, MAX_SPLITS,
+                       NUM_HEADS, LATENT, DIMS)
+
+
+@gluon.jit
 def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads,
+                   PARTIAL_LSE, SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads,
                    q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                   stride_lse_token, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                   stride_lse_token, WARPS: gl.constexpr, NUM_HEADS: gl.constexpr,
                    LATENT: gl.constexpr, CHUNK: gl.constexpr, KV_FP8: gl.constexpr, PV_F16: gl.constexpr):
     """The serving API's epilogue. A request of one split writes its rows of out and lse; otherwise
     each split writes a float32 partial and its base-2 lse in slot group x slots + first_work +
-    split (first_work: the request's first partial slot; slots: partial slots per row group), and the
-    split that draws the request's last ticket merges them (_merge_serving, a layout per split
-    count class) and resets the ticket. Rows with nothing attended: out 0, lse +inf; `poison`
-    (0 or NaN) reaches out and lse."""
+    split (first_work: the request's first partial slot; slots: partial slots per row group), which
+    _mla_combine_kernel merges after the kernel; the first split writes the request's split count
+    for it. Rows with nothing attended: out 0, lse +inf; `poison` (0 or NaN) reaches out and lse."""
     running_sum = gl.sum(row_sums, 0)
     out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS, KV_FP8, PV_F16)
     ROW_LAYOUT: gl.constexpr = running_max.type.layout
@@ -2077,12 +2112,7 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
         _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * (LATENT * NUM_HEADS), 1.0 / safe_sum, LATENT,
                       CHUNK)
         gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=ROW_LAYOUT), lse2)
-        gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-        pair = request * gl.num_programs(0) + group
-        if gl.atomic_add(SPLIT_TICKETS + pair, 1, sem="acq_rel") == num_splits - 1:
-            _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, group * slots + first_work,
-                           num_splits, kv_scale, WARPS, MAX_SPLITS, NUM_HEADS, LATENT)
-            gl.atomic_xchg(SPLIT_TICKETS + pair, 0)
+    _store_split_count(SPLIT_COUNTS, request, split, group, num_splits, first_work)
 
 
 @gluon.jit
@@ -2222,19 +2252,19 @@ def _split_tiles(
 @gluon.jit
 def _serve_segment(
     Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale, BLOCK_TABLE, OUT, LSE,
-    PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, request, live, group, split, num_splits, first_work, kv_begin, kv_end,
+    PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, request, live, group, split, num_splits, first_work, kv_begin, kv_end,
     seq_len, poison, consumed, sm_scale_log2, kv_rows, num_blocks, slots, num_heads, q_len, stride_q_batch,
     stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
     stride_lse_head, stride_lse_token, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-    PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr,
     LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
     ROWS: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, PV_F16: gl.constexpr,
     exchange, factors, GATHER: gl.constexpr, KV, stride_kv_row,
 ):
     """One split of a request on the serving API's pages (split `split` of num_splits, tokens
     [kv_begin, kv_end), partial slots from first_work): q's rows, the tiles (_split_tiles, the
-    ring numbered on from `consumed`), then the request's rows or this split's partial and, for
-    the split that finishes the request, its merge (_store_serving). Returns consumed plus the
+    ring numbered on from `consumed`), then the request's rows or this split's partial
+    (_store_serving). Returns consumed plus the
     tiles read. A work item past the last request (`live` false) reads and writes nothing."""
     row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
     q0, q1, q2, q3, qr = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT,
@@ -2248,9 +2278,9 @@ def _serve_segment(
     if live:
         _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
                        poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
-                       SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads,
+                       SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads,
                        q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                       stride_lse_token, WARPS, MAX_SPLITS, NUM_HEADS, LATENT, CHUNK, KV_FP8, PV_F16)
+                       stride_lse_token, WARPS, NUM_HEADS, LATENT, CHUNK, KV_FP8, PV_F16)
     return consumed + num_tiles
 
 
@@ -2269,11 +2299,12 @@ def _hopper_decode(
     SHARED_MAX: gl.constexpr = False, GATHER: gl.constexpr = False, KV=None, stride_kv_row=0,
     TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
 ):
-    """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; the split
-    merge fused as in _mla_decode_kernel (same partials, lse and tickets; same results within
-    rounding). Its entry points: custom_kernel's contiguous rows (PAGE_SIZE 0) and the serving
-    API's pages (PAGE_SIZE 64 or 128: a tile is 64 tokens of one page; 1 ... 32 with GATHER: a
-    tile's rows gathered a token at a time).
+    """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; for
+    custom_kernel the split merge fused as in _mla_decode_kernel (same partials, lse and tickets;
+    same results within rounding), for the serving API merged by _mla_combine_kernel after it
+    (SPLIT_TICKETS then holds the requests' split counts). Its entry points: custom_kernel's
+    contiguous rows (PAGE_SIZE 0) and the serving API's pages (PAGE_SIZE 64 or 128: a tile is 64
+    tokens of one page; 1 ... 32 with GATHER: a tile's rows gathered a token at a time).
 
     Tile plan: one program = NUM_HEADS query rows (16; the serving API also 32 or 64) x one KV split,
     WARPS = 4 or 8 (at 8 the two warpgroups split S's query rows and P.V's latent dims). custom_kernel: grid
@@ -2306,7 +2337,7 @@ def _hopper_decode(
     A bf16 cache (the API only): q stays bf16, S and P.V are bf16 wgmma, P^T is bf16 and V^T is
     the ring slot read transposed by the MMA (_pv_tile_bf16); 72 KiB tiles, one program per SM.
     More than one split: float32 partials (heads x dims) and lse per split, merged by _merge_row
-    (custom_kernel) or _store_serving.
+    (custom_kernel) or _mla_combine_kernel (the serving API, after _store_serving).
     Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; on pages
     the last tile's values past the split are zeroed first, a page's tail may hold NaN; past the
     cache TMA reads zeros); q; out; per split a 32 KiB float32 partial. A row whose indptr
@@ -2396,7 +2427,7 @@ def _hopper_decode(
                     num_splits, first_work, kv_begin, kv_end, seq_len, poison, consumed, sm_scale_log2, kv_rows,
                     num_blocks, target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token,
                     stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
-                    stride_lse_head, stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS,
+                    stride_lse_head, stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL,
                     NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange,
                     factors, GATHER, KV, stride_kv_row)
                 request += 1
@@ -2411,7 +2442,7 @@ def _hopper_decode(
                 num_splits, first_work, kv_begin, kv_end, seq_len, poison, 0, sm_scale_log2, kv_rows, num_blocks,
                 target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token, stride_q_head,
                 stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, MAX_SPLITS, NUM_HEADS, LATENT, ROPE,
+                stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE,
                 CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange, factors, GATHER, KV, stride_kv_row)
         for ring_slot in gl.static_range(STAGES):
             mbarrier.invalidate(loaded.index(ring_slot))
@@ -2449,7 +2480,7 @@ def _mla_decode_fp8_hopper_kernel(
 
 @gluon.jit
 def _mla_decode_paged_hopper_kernel(
-    Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
     q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
     stride_lse_batch, stride_lse_head, stride_lse_token,
@@ -2463,7 +2494,7 @@ def _mla_decode_paged_hopper_kernel(
     with SPANS, where a call takes spans, the first `used` programs of each group take a span each
     and the rest exit. See mla_decode_with_kvcache, _span_start, _span_segment and _serving_work."""
     _hopper_decode(Q, lat_desc, rope_desc, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_TICKETS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
+                   PARTIAL_LSE, SPLIT_COUNTS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
                    stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
                    stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
                    stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
@@ -2473,7 +2504,7 @@ def _mla_decode_paged_hopper_kernel(
 
 @gluon.jit
 def _mla_decode_gathered_hopper_kernel(
-    Q, KV, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    Q, KV, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
     q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
     stride_lse_batch, stride_lse_head, stride_lse_token, stride_kv_row,
@@ -2489,7 +2520,7 @@ def _mla_decode_gathered_hopper_kernel(
     tma_can_read)."""
     gl.static_assert(PAGE_SIZE < BLOCK_N, "pages of whole tiles take the TMA kernel")
     _hopper_decode(Q, None, None, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_TICKETS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
+                   PARTIAL_LSE, SPLIT_COUNTS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
                    stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
                    stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
                    stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
@@ -2502,7 +2533,7 @@ def _mla_decode_gathered_hopper_kernel(
 # in Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51), and over the bf16 cache on
 # 32-token tiles (h65): 64 query rows a program, two compute warpgroups, a tile each of every pair
 # of tiles (in step since h54: the pair's running max from both tiles' maxima), and a one-warp TMA
-# loader; the schedule, pages, partials and merge of _hopper_decode's serving path.
+# loader; the schedule, pages and partials of _hopper_decode's serving path.
 
 # A row's running max moves only where a tile passes it by more than this (log2 units, NOTES.md
 # h52): P <= 2^0.8, stored as 256 P <= 446 within e4m3's 448
@@ -2658,16 +2689,15 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG:
 
 
 @gluon.jit
-def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
               request, group, split, slots, num_splits, first_work, num_heads, q_len, stride_o_batch, stride_o_token,
               stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token, WG: gl.constexpr,
-              MAX_SPLITS: gl.constexpr, KV_FP8: gl.constexpr = True):
+              KV_FP8: gl.constexpr = True):
     """_store_serving for warpgroup WG's 256 latent dims of the 64 rows: out and lse for a request
-    of one split; otherwise its half of the split's float32 partial and its copy of the split's lse
-    (both warpgroups hold the same), and the warpgroup that draws the last ticket of its half (a
-    ticket per split and half) merges that half, both halves at once where the two warpgroups of
-    one program draw them (NOTES.md h63). A bf16 cache's accumulators (dims in order: V^T from
-    shared memory) are stored from the MMA's layout."""
+    of one split; otherwise its half of the split's float32 partial, and warpgroup 0 the split's lse
+    (both warpgroups hold the same) and the request's split count, for _mla_combine_kernel. A bf16
+    cache's accumulators (dims in order: V^T from shared memory) are stored from the MMA's
+    layout."""
     if KV_FP8:
         OUT_L: gl.constexpr = _output_layout(4, 64, False)
         o0 = gl.convert_layout(_rows_to_dims(acc0, 4, True), OUT_L)
@@ -2694,15 +2724,10 @@ def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O
         dest = PARTIAL_O + slot_id * (512 * 64) + 256 * WG
         _store_chunk(o0, dest, 1.0 / safe_o, 512)
         _store_chunk(o1, dest + 128, 1.0 / safe_o, 512)
-        half_lse = PARTIAL_LSE + WG * (gl.num_programs(0) * slots * 64)  # this warpgroup's copies
-        gl.store(half_lse + slot_id * 64 + gl.arange(0, 64, layout=ROW_LAYOUT), lse2)
-        gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-        ticket = (request * gl.num_programs(0) + group) * 2 + WG
-        if gl.atomic_add(SPLIT_TICKETS + ticket, 1, sem="acq_rel") == num_splits - 1:
-            _merge_request(PARTIAL_O, half_lse, out_base, out_rows, lse_rows, row_ok, group * slots + first_work,
-                           num_splits, kv_scale, 4, MAX_SPLITS, 64, 512, 256 * WG, 256)
-            gl.atomic_xchg(SPLIT_TICKETS + ticket, 0)
-
+        if WG == 0:
+            gl.store(PARTIAL_LSE + slot_id * 64 + gl.arange(0, 64, layout=ROW_LAYOUT), lse2)
+    if WG == 0:
+        _store_split_count(SPLIT_COUNTS, request, split, group, num_splits, first_work)
 
 @gluon.jit
 def _sw_running_max(m_smem, m_run):
@@ -2718,11 +2743,11 @@ def _sw_running_max(m_smem, m_run):
 
 @gluon.jit
 def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free, tile_max,
-                pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, CACHE_SEQLENS, BLOCK_TABLE,
+                pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, CACHE_SEQLENS, BLOCK_TABLE,
                 group, program, spans, segments, request, tile_begin, total, used, chunk, kv_scale, sm_scale_log2,
                 capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides, stride_bt, out_strides,
                 FP8_MAX: gl.constexpr, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
-                MAX_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
+                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
     """Compute warpgroup WG (4 warps) over the program's segments. Per segment: its 32 rows of q
     (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1), both
     warpgroups in step (NOTES.md h54): S of tile 2j + WG, its row maxima exchanged through m_smem
@@ -2841,9 +2866,9 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
         l_o = l_smem.slice(0, 64).load(O_COL) + l_smem.slice(64, 64).load(O_COL)
         if live:
             _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE,
-                      SPLIT_TICKETS, request, group, split, slots, num_splits, first_work, num_heads, q_len,
+                      SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads, q_len,
                       stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                      stride_lse_token, WG, MAX_SPLITS, KV_FP8)
+                      stride_lse_token, WG, KV_FP8)
         request += 1
         tile_begin = tile_end
 
@@ -2874,7 +2899,7 @@ def _sw_barriers(STAGES: gl.constexpr):
 
 @gluon.jit
 def _mla_decode_seesaw_kernel(
-    Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
     q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
     stride_lse_batch, stride_lse_head, stride_lse_token,
@@ -2886,12 +2911,12 @@ def _mla_decode_seesaw_kernel(
 ):
     """The serving API's caches on pages of whole tiles with query rows as the MMA's M (NOTES.md
     h51): grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
-    chunks, or spans), the same partials and merge, the partial lse and tickets per half of the
-    dims (each warpgroup merges its own: h63). The parent region computes the
-    schedule and forks: compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in
-    step; for an fp8 cache S and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp
-    (_sw_loader). Shared memory: STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off, NOTES.md
-    h65): 32-token tiles, so that STAGES (4) slots of 36 KiB fit beside 72 KiB of bf16 q and 8 KiB of
+    chunks, or spans), the same partials and split counts for _mla_combine_kernel (each
+    warpgroup stores its half of the dims). The parent region computes the schedule and forks:
+    compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in step; for an fp8 cache S
+    and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp (_sw_loader). Shared memory:
+    STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off, NOTES.md h65):
+    32-token tiles, so that STAGES (4) slots of 36 KiB fit beside 72 KiB of bf16 q and 8 KiB of
     bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by the MMA."""
     gl.static_assert(not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows, 4 warps")
     gl.static_assert(BLOCK_N == (64 if KV_FP8 else 32) and CHUNK == 128 and LATENT == 512
@@ -2946,17 +2971,17 @@ def _mla_decode_seesaw_kernel(
     slots = target_splits + batch_size
     gl.warp_specialize([
         (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
-                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
                        CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
                        used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
-                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS,
-                       BLOCK_N, KV_FP8, 0)),
+                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, BLOCK_N,
+                       KV_FP8, 0)),
         (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
-                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
                        CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
                        used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
-                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, MAX_SPLITS,
-                       BLOCK_N, KV_FP8, 1)),
+                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, BLOCK_N,
+                       KV_FP8, 1)),
         (_sw_loader, (lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program,
                       spans, segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows,
                       num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK))],
@@ -3118,7 +3143,23 @@ def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(Fa
     if params.get("seesaw"):  # pages of whole tiles; an fp8 cache where the row names none
         caches = caches if "kv" in params else ("fp8e4nv",)
         page_sizes = [page for page in page_sizes if page >= 64]
-    return [entry for cache in caches for entry in _hopper_paged_plan(params, cache, page_sizes, causal, batch)]
+    return [entry for cache in caches for entry in _hopper_paged_plan(params, cache, page_sizes, causal, batch)] + [
+        _combine_plan(params.get("rows", SERVING_ROWS))]
+
+
+def _combine_plan(rows):
+    """The compile plan entry of _mla_combine_kernel after a Hopper kernel of `rows` query rows
+    (a tensor k_scale), as _combine_launch launches it."""
+    constexprs = _combine_constexprs(rows, True)
+    signature = {"PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "KV_SCALE": "*fp32",
+                 "OUT": "*bf16", "LSE": "*fp32", "kv_scale_value": "fp32",
+                 **{name: "i32" for name in ("slots", "num_heads", "q_len", "stride_o_batch", "stride_o_token",
+                                             "stride_o_head", "stride_lse_batch", "stride_lse_head",
+                                             "stride_lse_token")}}
+    return {"kernel": _mla_combine_kernel, "targets": ["sm90"], "signature": signature,
+            "constexprs": {**keyword_defaults(_mla_combine_kernel), **constexprs},
+            "aligned_args": [name for name, kind in signature.items() if kind[0] == "*"],
+            "num_warps": constexprs["WARPS"], "num_stages": 1}
 
 
 def _hopper_paged_signature(cache, page, tokens=64):
@@ -3132,7 +3173,7 @@ def _hopper_paged_signature(cache, page, tokens=64):
     return {
         **leading,
         "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
-        "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
+        "PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
         **{name: "i32" for name in (
             "kv_rows", "num_blocks", "capacity", "batch_size", "target_splits", "min_chunk", "num_heads", "q_len",
             "stride_q_batch", "stride_q_token", "stride_q_head", "stride_bt", "stride_o_batch", "stride_o_token",
@@ -4326,7 +4367,8 @@ SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interp
 # then 1.07x with V^T by ldmatrix and the warpgroups in step, 1.02x with each warpgroup merging its half of the
 # dims: NOTES.md h51-h54, h63). A bf16 cache with 64 or more rows on pages of whole tiles: the same seesaw kernel
 # on 32-token tiles ("block_n": 32: four 36 KiB slots beside 72 KiB of bf16 q), S and P.V in bf16 (NOTES.md
-# h65). Elsewhere a bf16 cache with 32 or more rows:
+# h65). Every Hopper row's split requests are merged by _mla_combine_kernel after its kernel (h72: bf16 A 1.23x
+# with the seesaw's spills halved, C fp8 1.17x, bf16 1.12x). Elsewhere a bf16 cache with 32 or more rows:
 # 32 rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x the 16-row
 # row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted exactly in registers, P in f16,
 # half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64 rows and 8 warps on pages shorter than a
@@ -4421,7 +4463,7 @@ class MlaDecodePlan:
         self.num_splits = None
         self.shape = None  # (batch, s_q, h_q, page_size, cache dtype, causal) once filled
         self.route = None  # the SERVING_ROUTE_TABLE row serving the plan
-        self.workspace = None  # (partials, partial lse, tickets)
+        self.workspace = None  # (partials, partial lse, the portable kernel's tickets or the Hopper split counts)
         self.launches = {}  # call signature -> its launch (a function of the call's tensors), once checked
         self.fallback = None  # the portable route's plan, for calls whose cache the Hopper route cannot read
         self.aiter = None  # an aiter route's AiterServingBuffers (MI355X only)
@@ -4586,16 +4628,17 @@ def _fill_plan(plan, shape, route, block_table, device):
                                                                  2 if shape[4] == "bf16" else 1, rows)
             plan.num_splits = max(1, params["waves"] * resident // groups)
         slots = groups * (plan.num_splits + batch)  # work items: at most a chunk count plus one per request
+        counters = 2 * batch  # each request's first partial slot and split count (_store_split_count)
     else:
         if plan.num_splits is None:
             capacity = block_table.shape[1] * page_size
             wanted = triton.cdiv(_programs_to_fill(device), batch * groups)
             plan.num_splits = max(1, min(wanted, capacity // SERVING_SPLIT_MIN_TOKENS))
         slots = batch * groups * plan.num_splits if plan.num_splits > 1 else 1
-    halves = 2 if params.get("seesaw") else 1  # the seesaw: partial lse and tickets per half of the dims (h63)
+        counters = batch * groups  # the portable kernel's tickets, zero between its calls
     plan.workspace = (torch.empty(slots, V_HEAD_DIM, rows, dtype=torch.float32, device=device),
-                      torch.empty(halves * slots, rows, dtype=torch.float32, device=device),
-                      torch.zeros(halves * batch * groups, dtype=torch.int32, device=device))
+                      torch.empty(slots, rows, dtype=torch.float32, device=device),
+                      torch.zeros(counters, dtype=torch.int32, device=device))
     plan.route = route
     plan.shape = shape
 
@@ -4680,7 +4723,8 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     entry = launch(kernel, (groups, plan.num_splits + batch),
                    _hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse, workspace),
                    scalars, constexprs, params["num_warps"], 1, floats=DECODE_FLOATS)
-    if entry is None:
+    combine = _combine_launch(plan, k_scale, out, lse)
+    if entry is None or combine is None:
         return None
     run_compiled, constexpr_values = entry
 
@@ -4689,6 +4733,45 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
             descriptors[:] = [k_cache.data_ptr(), *cache_args(k_cache)]
         run_compiled(*_hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse,
                                             workspace), *_with_k_scale(scalars, k_scale), *constexpr_values)
+        combine(k_scale, out, lse)
+    return run
+
+
+COMBINE_DIMS = 32  # latent dims per program of _mla_combine_kernel: one pass of its merge at 16 rows (h72)
+
+
+def _combine_constexprs(rows, kv_scale_in_tensor):
+    """_mla_combine_kernel's constexprs after a Hopper kernel of `rows` query rows (8 warps past 16
+    rows, so that a pass holds 16 dims of 64 rows)."""
+    return {"NUM_HEADS": rows, "MAX_SPLITS": SERVING_MAX_SPLITS, "DIMS": COMBINE_DIMS,
+            "WARPS": 4 if rows <= 16 else 8, "KV_SCALE_IN_TENSOR": kv_scale_in_tensor}
+
+
+def _combine_launch(plan, k_scale, out, lse):
+    """_mla_combine_kernel after the Hopper kernel, on the plan's workspace: launch it for this
+    call; return how the calls of this signature launch it (a function of k_scale, out and lse),
+    or None."""
+    batch, s_q, h_q = plan.shape[:3]
+    rows = route_rows(plan.route)
+    groups = triton.cdiv(s_q * h_q, rows)
+    partial_o, partial_lse, counts = plan.workspace
+    constexprs = _combine_constexprs(rows, isinstance(k_scale, torch.Tensor))
+    strides = (plan.num_splits + batch, h_q, s_q, out.stride(0), out.stride(1), out.stride(2), lse.stride(0),
+               lse.stride(1), lse.stride(2))
+
+    def tensors(k_scale, out, lse):  # the split counts stand in for KV_SCALE where k_scale is a float or absent
+        return partial_o, partial_lse, counts, k_scale if isinstance(k_scale, torch.Tensor) else counts, out, lse
+
+    def scale(k_scale):
+        return 1.0 if k_scale is None or isinstance(k_scale, torch.Tensor) else float(k_scale)
+    entry = launch(_mla_combine_kernel, (batch, groups, V_HEAD_DIM // COMBINE_DIMS), tensors(k_scale, out, lse),
+                   (scale(k_scale), *strides), constexprs, constexprs["WARPS"], 1)
+    if entry is None:
+        return None
+    run_compiled, constexpr_values = entry
+
+    def run(k_scale, out, lse):
+        run_compiled(*tensors(k_scale, out, lse), scale(k_scale), *strides, *constexpr_values)
     return run
 
 

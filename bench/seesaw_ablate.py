@@ -16,8 +16,10 @@ Variants (what the pair loop no longer does):
   no_q_loads  q's global loads (_sw_stage_q stores zeros and scale 1: the segment's staging without reads;
               S's MMAs then run on zeros, so it is not a clean cut: NOTES.md h57, h59)
   softmax     S and the P.V both left out: the softmax, the barriers and the loader
-  no_merge    the merge of a split request (_merge_request does nothing: the partials and tickets stay)
-  no_store    the epilogue's stores (_sw_store does nothing: no out, lse, partials, tickets or merges)
+  no_merge    the merge of split requests (the combine kernel after the seesaw launches, but its
+              _merge_request does nothing)
+  no_store    the epilogue's stores (_sw_store does nothing: no out, lse, partials or split counts; the
+              combine kernel reads what the counts hold)
 Each line: the time of one call (CUDA events around it after an L2 flush; median and mean of --repeats)
 and full's time less the variant's. --compile-only: each variant's sm_90 compile on any machine (registers,
 spills, the hot loop's MMAs), no GPU.
@@ -71,16 +73,16 @@ def _stage_q_without_loads(Q, q_latent, q_rope, q_scale, kv_scale, request, grou
 
 @gluon.jit
 def _merge_left_out(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
-                    WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
-                    DIM0: gl.constexpr = 0, DIMS: gl.constexpr = 0):
+                    dim0, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                    LATENT: gl.constexpr, DIMS: gl.constexpr):
     pass
 
 
 @gluon.jit
-def _store_left_out(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+def _store_left_out(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
                     request, group, split, slots, num_splits, first_work, num_heads, q_len, stride_o_batch,
                     stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
-                    WG: gl.constexpr, MAX_SPLITS: gl.constexpr, KV_FP8: gl.constexpr = True):
+                    WG: gl.constexpr, KV_FP8: gl.constexpr = True):
     pass
 
 

@@ -360,7 +360,7 @@ _SM90_COMPILE = """
 import json
 from tools import kernel_report as kr
 import submission
-out = []
+out, combines = [], []
 for row in submission.SERVING_ROUTE_TABLE:
     if row["route"] != "hopper_paged":
         continue
@@ -368,10 +368,13 @@ for row in submission.SERVING_ROUTE_TABLE:
                                                      page_sizes=(16, 64)):
         facts, _ = kr.compile_and_analyse(*kr.complete_plan_entry(plan, kr.TARGETS["sm90"]), kr.TARGETS["sm90"])
         c = plan["constexprs"]
+        if plan["kernel"] is submission._mla_combine_kernel:
+            combines.append([row["kv"], c["NUM_HEADS"], facts["spill_parsed"], facts["spill_free"]])
+            continue
         out.append([row["kv"], c["NUM_HEADS"], c["WARPS"], c["STAGES"], c["PAGE_SIZE"], c["CAUSAL"],
                     facts["spill_parsed"], facts["spill_free"], facts["lds_fits"], facts["spills"],
                     facts["registers"], facts["lds_bytes"], c["SPANS"], facts["hot_loop_locals"]])
-print(json.dumps(out))
+print(json.dumps([out, combines]))
 """
 
 
@@ -379,7 +382,8 @@ print(json.dumps(out))
 def test_paged_kernel_compiles_for_sm90_without_spills():
     """The serving API's Hopper kernel, as every hopper_paged row of SERVING_ROUTE_TABLE configures
     it (its cache format, rows, warps and ring slots), for pages of 16 (the gathered kernel) and 64
-    (TMA) and causal masks on and off, compiles for sm_90 here, no GPU needed, with no spills and
+    (TMA) and causal masks on and off, and the combine kernel after it, compile for sm_90 here, no
+    GPU needed, with no spills and
     within shared memory, under
     the route's own bound on it (NOTES.md h38); with the span schedule (a loop over a span's
     segments), spills only outside the tile loops, none in them (read in the SASS; NOTES.md h42).
@@ -389,9 +393,11 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
     done = subprocess.run([sys.executable, "-c", _SM90_COMPILE], cwd=root, capture_output=True, text=True,
                           timeout=900, env=dict(os.environ, TRITON_INTERPRET="0"))
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results, combines = json.loads(done.stdout.strip().splitlines()[-1])
     rows = [row for row in submission.SERVING_ROUTE_TABLE if row["route"] == "hopper_paged"]
     assert {row["kv"] for row in rows} == {"fp8", "bf16"}
+    # each row's combine kernel (the merge of split requests after it, NOTES.md h72): no spills
+    assert combines == [[row["kv"], submission.route_rows(row), True, True] for row in rows]
     assert [(r[0], r[1], r[4], r[5]) for r in results] == [
         (row["kv"], submission.route_rows(row), page, causal)
         for row in rows for page in ((64,) if row["params"].get("seesaw") else (16, 64)) for causal in (False, True)]
@@ -482,7 +488,8 @@ def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_
     """_fill_plan cuts s_q x h_q into cdiv(s_q x h_q, rows) groups, aims for one chunk per program
     slot (132 SMs x programs per SM), and sizes the partials (slots, 512, rows) and their lse
     (slots, rows) by the route row's rows; the launch passes NUM_HEADS = rows, WARPS and the grid
-    (groups, chunks + batch). No kernel runs (a stand-in for launch() records it)."""
+    (groups, chunks + batch), and the combine kernel after it the same rows and workspace. No
+    kernel runs (a stand-in for launch() records them)."""
     batch, page = 3, 64
     launched = _capture_launches(monkeypatch)
     monkeypatch.setattr(submission, "SERVING_ROUTES", {"triton_paged", "hopper_paged"})
@@ -505,12 +512,15 @@ def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_
     assert resident == 132 or not params.get("seesaw")  # one seesaw program per SM (384 threads, 196 KiB)
     assert plan.num_splits == max(1, params["waves"] * resident // groups)
     slots = groups * (plan.num_splits + batch)
-    partial_o, partial_lse, tickets = plan.workspace
-    halves = 2 if params.get("seesaw") else 1  # the seesaw's partial lse and tickets per half (NOTES.md h63)
-    assert partial_o.shape == (slots, 512, rows) and partial_lse.shape == (halves * slots, rows)
-    assert tickets.shape == (halves * batch * groups,)
-    [(grid, _, _, constexprs)] = launched
+    partial_o, partial_lse, counts = plan.workspace
+    assert partial_o.shape == (slots, 512, rows) and partial_lse.shape == (slots, rows)
+    assert counts.shape == (2 * batch,)  # each request's first slot and split count (NOTES.md h72)
+    [(grid, _, _, constexprs), (combine_grid, combine_tensors, combine_scalars, combine_constexprs)] = launched
     assert grid == (groups, plan.num_splits + batch)
+    # the combine after it: a program per request, row group and 32 dims, over the same workspace
+    assert combine_grid == (batch, groups, 512 // 32) and combine_tensors[:3] == plan.workspace
+    assert combine_scalars[1] == plan.num_splits + batch and combine_constexprs["NUM_HEADS"] == rows
+    assert combine_constexprs["MAX_SPLITS"] == constexprs["MAX_SPLITS"]
     assert (constexprs["NUM_HEADS"], constexprs["WARPS"], constexprs["KV_FP8"]) == (rows, warps, kv == "fp8")
     assert constexprs["PV_F16"] == (kv == "fp8" and not params.get("seesaw"))
     assert bool(params.get("seesaw")) == (rows == 64)  # page 64: the seesaw kernel (h51; bf16: h65)

@@ -112,9 +112,9 @@ def test_every_config_compiles(report, target):
 
 
 # local loads and stores the seesaw kernel's pair loops may hold (NOTES.md h51; h54: 11, 16 with the causal mask;
-# the bf16 cache's, on 32-token tiles: 39, 49 as prepared in h65, not yet reduced)
-SEESAW_TILE_LOOP_SPILLS = 16
-SEESAW_BF16_TILE_LOOP_SPILLS = 49
+# the bf16 cache's, on 32-token tiles: 39, 49 in h65; with the merge out of the kernel, h72: 7 / 8 and 18 / 21)
+SEESAW_TILE_LOOP_SPILLS = 8
+SEESAW_BF16_TILE_LOOP_SPILLS = 21
 
 
 def spans_spill_outside_tile_loops(record):
@@ -147,9 +147,14 @@ def test_lds_within_limit(report, target):
     assert not bad, f"{target}: LDS / shared memory above {limit // 1024} KiB per block:\n" + "\n".join(bad)
 
 
+# kernels with no matrix work by design: the serving API's merge of split requests (NOTES.md h72)
+MERGE_KERNELS = {"_mla_combine_kernel"}
+
+
 @pytest.mark.parametrize("target", BAR_TARGETS)
 def test_matrix_instructions_in_every_hot_loop(report, target):
-    bad = [kr.describe_record(r) for r in compiled(report, target) if r["mma"]["loop_count"] == 0]
+    bad = [kr.describe_record(r) for r in compiled(report, target)
+           if r["mma"]["loop_count"] == 0 and r.get("kernel") not in MERGE_KERNELS]
     assert not bad, (f"{target}: no matrix instruction in the hot loop (scalar FMA fallback?):\n"
                      + "\n".join(bad))
 

@@ -436,13 +436,22 @@ def test_a_signatures_direct_launch_repeats_its_first_launch(monkeypatch, route,
                   cache_seqlens=torch.tensor([60, 128], dtype=torch.int32, device=DEVICE),
                   block_table=first["block_table"].flip(0).contiguous())  # the same signature, other values
     out1, lse1 = run(first, causal=True, plan=plan)
-    assert plan.route["route"] == route and len(launches) == 1 and not direct
+    kernels = 2 if route == "hopper_paged" else 1  # the Hopper kernel and the combine after it (NOTES.md h72)
+    assert plan.route["route"] == route and len(launches) == kernels and not direct
     out2, lse2 = run(second, causal=True, plan=plan, k_scale=second["k_scale"] * 2)
     kernel, grid, tensors, scalars = launches[0]
     if route == "hopper_paged":
         assert kernel is submission.hopper_paged_kernel(page)
         assert (tensors[1] is first["k_cache"]) == (page < 64), "the gathered kernel reads the cache itself"
-    assert len(launches) == 1 and len(direct) == 1, "the second call of the signature goes straight to Triton"
+        combine, _, combine_tensors, combine_scalars = launches[1]
+        assert combine is submission._mla_combine_kernel
+        # its own arguments: the workspace, out and lse of this call, k_scale first of its scalars
+        wanted = (*plan.workspace, plan.workspace[2], out2, lse2)
+        assert all(got is want for got, want in zip(direct[1][:6], wanted, strict=True))
+        assert combine_tensors[4] is out1 and combine_tensors[5] is lse1
+        assert direct[1][6] == second["k_scale"] * 2 and combine_scalars[0] == first["k_scale"]
+        assert direct[1][7:-1] == combine_scalars[1:] and len(direct[1]) == 6 + len(combine_scalars) + 1
+    assert len(launches) == kernels and len(direct) == kernels, "the second call goes straight to Triton"
     args = direct[0]
     assert args[-1] == "constexprs" and len(args) == len(tensors) + len(scalars) + 1
     got_tensors, got_scalars = args[:len(tensors)], args[len(tensors):-1]
