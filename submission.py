@@ -2264,8 +2264,8 @@ def _serve_segment(
     """One split of a request on the serving API's pages (split `split` of num_splits, tokens
     [kv_begin, kv_end), partial slots from first_work): q's rows, the tiles (_split_tiles, the
     ring numbered on from `consumed`), then the request's rows or this split's partial
-    (_store_serving). Returns consumed plus the
-    tiles read. A work item past the last request (`live` false) reads and writes nothing."""
+    (_store_serving). Returns consumed plus the tiles read. A work item past the last request
+    (`live` false) reads and writes nothing."""
     row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
     q0, q1, q2, q3, qr = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT,
                                  ROPE, q_token * stride_q_token + head * stride_q_head, row_ok & live)
@@ -2728,6 +2728,7 @@ def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O
             gl.store(PARTIAL_LSE + slot_id * 64 + gl.arange(0, 64, layout=ROW_LAYOUT), lse2)
     if WG == 0:
         _store_split_count(SPLIT_COUNTS, request, split, group, num_splits, first_work)
+
 
 @gluon.jit
 def _sw_running_max(m_smem, m_run):
@@ -4756,7 +4757,7 @@ def _combine_launch(plan, k_scale, out, lse):
     groups = triton.cdiv(s_q * h_q, rows)
     partial_o, partial_lse, counts = plan.workspace
     constexprs = _combine_constexprs(rows, isinstance(k_scale, torch.Tensor))
-    strides = (plan.num_splits + batch, h_q, s_q, out.stride(0), out.stride(1), out.stride(2), lse.stride(0),
+    scalars = (plan.num_splits + batch, h_q, s_q, out.stride(0), out.stride(1), out.stride(2), lse.stride(0),
                lse.stride(1), lse.stride(2))
 
     def tensors(k_scale, out, lse):  # the split counts stand in for KV_SCALE where k_scale is a float or absent
@@ -4765,13 +4766,13 @@ def _combine_launch(plan, k_scale, out, lse):
     def scale(k_scale):
         return 1.0 if k_scale is None or isinstance(k_scale, torch.Tensor) else float(k_scale)
     entry = launch(_mla_combine_kernel, (batch, groups, V_HEAD_DIM // COMBINE_DIMS), tensors(k_scale, out, lse),
-                   (scale(k_scale), *strides), constexprs, constexprs["WARPS"], 1)
+                   (scale(k_scale), *scalars), constexprs, constexprs["WARPS"], 1)
     if entry is None:
         return None
     run_compiled, constexpr_values = entry
 
     def run(k_scale, out, lse):
-        run_compiled(*tensors(k_scale, out, lse), scale(k_scale), *strides, *constexpr_values)
+        run_compiled(*tensors(k_scale, out, lse), scale(k_scale), *scalars, *constexpr_values)
     return run
 
 
