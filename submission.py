@@ -4724,7 +4724,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     entry = launch(kernel, (groups, plan.num_splits + batch),
                    _hopper_paged_tensors(q, descriptors[1:], k_scale, cache_seqlens, block_table, out, lse, workspace),
                    scalars, constexprs, params["num_warps"], 1, floats=DECODE_FLOATS)
-    combine = _combine_launch(plan, k_scale, out, lse)
+    combine = _combine_launch(plan, rows, groups, k_scale, out, lse)
     if entry is None or combine is None:
         return None
     run_compiled, constexpr_values = entry
@@ -4748,13 +4748,11 @@ def _combine_constexprs(rows, kv_scale_in_tensor):
             "WARPS": 4 if rows <= 16 else 8, "KV_SCALE_IN_TENSOR": kv_scale_in_tensor}
 
 
-def _combine_launch(plan, k_scale, out, lse):
-    """_mla_combine_kernel after the Hopper kernel, on the plan's workspace: launch it for this
-    call; return how the calls of this signature launch it (a function of k_scale, out and lse),
-    or None."""
+def _combine_launch(plan, rows, groups, k_scale, out, lse):
+    """_mla_combine_kernel after the Hopper kernel of `rows` query rows a program in `groups` row
+    groups, on the plan's workspace: launch it for this call; return how the calls of this
+    signature launch it (a function of k_scale, out and lse), or None."""
     batch, s_q, h_q = plan.shape[:3]
-    rows = route_rows(plan.route)
-    groups = triton.cdiv(s_q * h_q, rows)
     partial_o, partial_lse, counts = plan.workspace
     constexprs = _combine_constexprs(rows, isinstance(k_scale, torch.Tensor))
     scalars = (plan.num_splits + batch, h_q, s_q, out.stride(0), out.stride(1), out.stride(2), lse.stride(0),

@@ -15,7 +15,7 @@ import torch
 
 import reference
 import submission
-from test_kernel_report import SEESAW_BF16_TILE_LOOP_SPILLS, SEESAW_TILE_LOOP_SPILLS
+from test_kernel_report import seesaw_tile_loop_spills
 
 LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024),
                (256, 8192)]
@@ -406,8 +406,7 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
         config = (kv, rows_, warps, stages, page, causal, registers, spills, spans, tile_loop_spills)
         # the seesaw kernel (4 warps at 64 rows) reloads a few of its segment loop's scalars in its
         # pair loops: test_kernel_report's allowance (NOTES.md h51)
-        seesaw_allowance = ((SEESAW_BF16_TILE_LOOP_SPILLS if kv == "bf16" else SEESAW_TILE_LOOP_SPILLS)
-                            if (rows_, warps) == (64, 4) else 0)
+        seesaw_allowance = seesaw_tile_loop_spills(kv == "bf16") if (rows_, warps) == (64, 4) else 0
         assert parsed and lds_fits and tile_loop_spills <= seesaw_allowance, config
         assert spill_free or spans, config
         assert lds <= submission.hopper_shared_bytes_bound(stages, 2 if kv == "bf16" else 1, rows_), (config, lds)
