@@ -1,7 +1,7 @@
 """The serving API (submission.mla_decode_with_kvcache, bf16 and fp8 caches) against MLA decode peers
 on FlashMLA's own benchmark inputs, in one process, with the same inputs and timings.
 
-    python bench/serving_peers.py [--grids A,B,C] [--flashmla BUILD] [--vllm-fp8 KIT] [--repeats 20]
+    python bench/serving_peers.py [--grids A,B,C] [--flashmla BUILD] [--vllm-fp8 KIT] [--no-flashinfer] [--repeats 20]
                                   [--json OUT] [--skip-32k] [--page 64]
                                   [--baseline FILE] [--no-check]
 
@@ -13,7 +13,8 @@ nobody attends; causal for s_q 2):
 Providers: ours over the bf16 cache and over its fp8 copy (per-tensor scale); FlashMLA's dense
 decode (bf16) when --flashmla names its build (the peers kit's flashmla_build.sh; skipped with a
 note otherwise); vLLM's fp8 fork when --vllm-fp8 names a folder holding peer_vllm_fp8.py and its
-build/ (vllm_fp8_build.sh). FlashInfer's MLA wrapper when `flashinfer` imports. --baseline FILE
+build/ (vllm_fp8_build.sh); FlashInfer's MLA wrapper (bf16 and fp8 caches) when `flashinfer` imports,
+unless --no-flashinfer (flashinfer_calls says how it is called). --baseline FILE
 adds another copy of submission.py (an earlier version, say `git show HEAD~1:submission.py`) as
 the providers "base bf16" / "base fp8": an A/B of two versions in one process.
 Per case and provider: event time (CUDA events around one call after an L2 flush; median and
@@ -110,7 +111,58 @@ def providers(case, args):
     if args.vllm_fp8:
         fn = args.vllm_fp8(q, cache, table, lens, causal)
         calls["vLLM fp8 fork"] = lambda: (fn(), None)
+    if args.flashinfer:
+        try:
+            calls.update(flashinfer_calls(args.flashinfer, case, cache8, scale8))
+        except Exception as exc:  # a wrapper that cannot plan the case: say so, time the others
+            print(f"FlashInfer: cannot plan b{q.shape[0]} s_q{q.shape[1]} h{q.shape[2]}: {exc!r}", flush=True)
     return calls
+
+
+FLASHINFER_WORKSPACE_BYTES = 128 << 20  # the wrapper's split-k scratch: the size its docs recommend
+
+
+def flashinfer_pages(block_table, cache_seqlens, page):
+    """FlashInfer's page lists of the serving API's block table: (kv_indptr, kv_indices), int32,
+    request b's pages at kv_indices[kv_indptr[b]:kv_indptr[b + 1]], the first cdiv(length, page)
+    entries of its block-table row."""
+    pages = (cache_seqlens.long() + page - 1) // page
+    used = torch.arange(block_table.shape[1], device=block_table.device) < pages[:, None]
+    kv_indptr = torch.zeros(len(pages) + 1, dtype=torch.int32, device=block_table.device)
+    kv_indptr[1:] = pages.cumsum(0)
+    return kv_indptr, block_table[used].int()  # row-major: request by request, pages in order
+
+
+def flashinfer_calls(flashinfer, case, cache8, scale8):
+    """{FlashInfer bf16, FlashInfer fp8}: FlashInfer's BatchMLAPagedAttentionWrapper (its default
+    backend: fa3 on sm_90) over the case's cache and its fp8 copy, q bf16 in both.
+
+    As an engine calls it: plan() once per case, outside the timing (it copies the index arrays to
+    the host, a sync, once per step in an engine), then run() timed. q and the cache are passed as
+    views of their latent (512) and rope (64) parts, no copy; query token i of request b is row
+    b * s_q + i (qo_indptr), and its causal mask ends s_q - 1 - i tokens before the request's end,
+    as ours. The wrapper takes no cache scale: the fp8 copy's scale multiplies sm_scale (the
+    scores) and the output after the call (P.V), an extra kernel that counts in its time. No lse
+    is asked for (None)."""
+    q, cache, table, lens, causal = case.q, case.k_cache, case.block_table, case.cache_seqlens, case.causal
+    batch, s_q, h_q, _ = q.shape
+    page = cache.shape[1]
+    kv_indptr, kv_indices = flashinfer_pages(table, lens, page)
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * s_q
+    rows = q.reshape(batch * s_q, h_q, q.shape[-1])
+    q_nope, q_pe = rows[..., :reference.V_HEAD_DIM], rows[..., reference.V_HEAD_DIM:]
+    workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
+    scale = float(scale8)  # once per case, outside the timing
+
+    def wrapper(kv_cache, sm_scale):
+        mla = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace)
+        mla.plan(qo_indptr, kv_indptr, kv_indices, lens.int(), h_q, reference.V_HEAD_DIM,
+                 reference.QK_HEAD_DIM - reference.V_HEAD_DIM, page, causal, sm_scale, q.dtype, kv_cache.dtype)
+        latent, rope = kv_cache[:, :, 0, :reference.V_HEAD_DIM], kv_cache[:, :, 0, reference.V_HEAD_DIM:]
+        return lambda: mla.run(q_nope, q_pe, latent, rope).view(batch, s_q, h_q, reference.V_HEAD_DIM)
+    run16 = wrapper(cache, reference.SM_SCALE)
+    run8 = wrapper(cache8, reference.SM_SCALE * scale)
+    return {"FlashInfer bf16": lambda: (run16(), None), "FlashInfer fp8": lambda: (run8().mul_(scale), None)}
 
 
 def kernel_times(fn, repeats, flush):
@@ -215,11 +267,16 @@ def load_peers(args):
         args.vllm_fp8 = importlib.import_module("peer_vllm_fp8").load(os.path.join(args.vllm_fp8, "build"))
     else:
         notes.append("vLLM fp8 fork: skipped (no --vllm-fp8 folder)")
+    args.flashinfer = None
+    if args.no_flashinfer:
+        notes.append("FlashInfer: skipped (--no-flashinfer)")
+        return notes
     try:
-        importlib.import_module("flashinfer")
-        notes.append("FlashInfer imports but its MLA wrapper is not wired here yet")
-    except ImportError:
-        notes.append("FlashInfer: skipped (not importable)")
+        args.flashinfer = importlib.import_module("flashinfer")
+        notes.append(f"FlashInfer {getattr(args.flashinfer, '__version__', '(version unknown)')}: "
+                     "BatchMLAPagedAttentionWrapper, default backend")
+    except ImportError as exc:
+        notes.append(f"FlashInfer: skipped (not importable: {exc})")
     return notes
 
 
@@ -228,6 +285,7 @@ def main():
     parser.add_argument("--grids", default="A,B,C")
     parser.add_argument("--flashmla", default=None, help="FlashMLA's build folder (flashmla_build.sh DEST/build)")
     parser.add_argument("--vllm-fp8", default=None, help="folder with peer_vllm_fp8.py and build/")
+    parser.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out where it imports")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--host-repeats", type=int, default=50)
     parser.add_argument("--skip-32k", action="store_true")

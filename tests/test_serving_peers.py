@@ -1,7 +1,11 @@
-"""bench/serving_peers.py's profiler time per call: the flushes split the profile, nothing guessed."""
+"""bench/serving_peers.py: the profiler time per call (the flushes split the profile, nothing guessed) and
+FlashInfer's provider."""
 import pytest
+import torch
 
-from bench.serving_peers import split_calls, within
+import reference
+from bench.serving_peers import errors, flashinfer_calls, flashinfer_pages, fp8_copy, split_calls, within
+import flashinfer_double
 
 FLUSH = ["fill"]
 
@@ -44,3 +48,52 @@ def test_within_stops_starting_cases_after_the_budget_and_says_how_many_were_lef
     assert list(within(["a", "b", "c", "d"], 10, clock=lambda: next(ticks))) == ["a", "b"]
     assert "2 of 4 cases not run" in capsys.readouterr().out
     assert list(within(["a", "b"], None, clock=lambda: 1e9)) == ["a", "b"]
+
+
+# FlashInfer's provider, against float64 attention through a strict double of its MLA wrapper
+# (tests/flashinfer_double.py): the wiring (pages, query rows, causal mask, fp8 scale) is what
+# is tested; FlashInfer's kernels are not here.
+
+def flashinfer_case(s_q, causal, page, seed=3):
+    return reference.generate_serving_input(3, s_q, 4, page, 70, seed, varlen=True, causal=causal, device="cpu")
+
+
+@pytest.mark.parametrize("s_q, causal, page", [(1, False, 16), (2, True, 64), (2, False, 1)])
+def test_flashinfer_calls_give_float64_attention_through_the_double(s_q, causal, page):
+    case = flashinfer_case(s_q, causal, page)
+    cache8, scale8 = fp8_copy(case.k_cache)
+    calls = flashinfer_calls(flashinfer_double, case, cache8, scale8)
+    exact = reference.mla_decode_paged_float64(case.q, case.k_cache, case.block_table, case.cache_seqlens,
+                                               causal=causal)
+    exact8 = reference.mla_decode_paged_float64(case.q, cache8, case.block_table, case.cache_seqlens,
+                                                k_scale=scale8, causal=causal)
+    out, lse = calls["FlashInfer bf16"]()
+    out8, lse8 = calls["FlashInfer fp8"]()
+    assert lse is None and lse8 is None and out.dtype == out8.dtype == torch.bfloat16
+    assert out.shape == out8.shape == exact[0].shape
+    assert errors(out, None, *exact)[0] < 5e-3  # bf16 rounding of the output only
+    assert errors(out8, None, *exact8)[0] < 5e-3  # the fp8 copy's own exact attention, scale applied
+    assert errors(torch.zeros_like(out), None, *exact)[0] == 1.0  # the check sees a provider of zeros
+
+
+def test_flashinfer_calls_return_a_new_output_on_every_call():
+    case = flashinfer_case(1, False, 16)
+    calls = flashinfer_calls(flashinfer_double, case, *fp8_copy(case.k_cache))
+    for name in ("FlashInfer bf16", "FlashInfer fp8"):
+        first, second = calls[name]()[0], calls[name]()[0]
+        assert first.data_ptr() != second.data_ptr() and torch.equal(first, second), name
+
+
+def test_flashinfer_pages_list_each_requests_used_blocks_in_order():
+    table = torch.tensor([[7, 3, 9, -1], [2, 8, 5, 4], [6, -1, -1, -1]], dtype=torch.int32)
+    kv_indptr, kv_indices = flashinfer_pages(table, torch.tensor([33, 64, 0], dtype=torch.int32), 16)
+    assert kv_indptr.tolist() == [0, 3, 7, 7] and kv_indices.tolist() == [7, 3, 9, 2, 8, 5, 4]
+    assert kv_indptr.dtype == kv_indices.dtype == torch.int32
+
+
+def test_the_double_rejects_a_page_list_that_does_not_hold_the_lengths():
+    wrapper = flashinfer_double.mla.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8))
+    index = dict(dtype=torch.int32)
+    with pytest.raises(ValueError, match="kv_indptr"):
+        wrapper.plan(torch.tensor([0, 1], **index), torch.tensor([0, 1], **index), torch.tensor([5], **index),
+                     torch.tensor([40], **index), 4, 512, 64, 16, False, 0.1, torch.bfloat16, torch.bfloat16)
