@@ -1,0 +1,73 @@
+"""bench/profile/seesaw_trace.py instruments a copy of submission.py by exact-text insertions: every
+marker must still be found as often as it must in today's seesaw kernel, and the instrumented kernel
+must compile for sm_90 (ahead of time, on the CPU) for both caches with every clock in its PTX, so the
+probe works when a device run needs it."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import submission
+from bench.profile import seesaw_trace
+from tools import kernel_report as kr
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_marker_applies_to_submission():
+    source = seesaw_trace.instrumented_source(str(REPO_ROOT / "submission.py"))
+    compile(source, "traced_submission.py", "exec")
+    assert source.count("%globaltimer") == 2 and source.count("%clock64") == 17
+    assert "TRACE_BUFFER = None" in source
+
+
+def test_a_marker_that_moved_fails_loudly(monkeypatch):
+    marker, text, _ = seesaw_trace.INSERTIONS[-1]
+    monkeypatch.setattr(seesaw_trace, "INSERTIONS", [(marker + "# moved", text, 1)])
+    with pytest.raises(AssertionError, match="marker found 0 times"):
+        seesaw_trace.instrumented_source(str(REPO_ROOT / "submission.py"))
+
+
+@pytest.mark.skipif(not submission.HAVE_GLUON, reason="no Gluon in this Triton")
+@pytest.mark.parametrize("kv", ["fp8", "bf16"])
+def test_instrumented_seesaw_compiles_for_sm90_with_its_clocks(tmp_path, monkeypatch, kv):
+    # the compile workers import the traced copy from tmp_path; its `from task import ...` needs the repo
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    path = tmp_path / "traced_submission.py"
+    path.write_text(seesaw_trace.instrumented_source(str(REPO_ROOT / "submission.py")))
+    row = next(r for r in submission.SERVING_ROUTE_TABLE if r["kv"] == kv and r["params"].get("seesaw"))
+    tables = tmp_path / "tables.py"  # the seesaw row on pages of 64 only: compile the traced kernel alone
+    tables.write_text(f"SERVING_ROUTE_TABLE = [{dict(row, pages=(64,))!r}]\n")
+    out, dump = tmp_path / "report.json", tmp_path / "asm"
+    kr.main(["--module", str(path), "--tables", str(tables), "--targets", "sm90", "--json", str(out),
+             "--dump", str(dump)])
+    records = [r for r in json.loads(out.read_text())["records"] if r["kernel"] == "_mla_decode_seesaw_kernel"]
+    assert len(records) == 2  # causal off and on
+    for record in records:
+        assert record["compiled"], kr.describe_record(record)
+    dumped = list(dump.glob("_mla_decode_seesaw_kernel-*"))  # one file: the causal variant's name is the same
+    assert dumped
+    for asm in dumped:
+        text = asm.read_text()  # two compute warpgroups' clocks and stamps, and the loader's
+        assert text.count("globaltimer") >= 4 and text.count("clock64") >= 30, asm.name
+
+
+def test_the_summary_converts_cycles_to_time_per_segment_and_per_pair():
+    trace = torch.zeros(6, seesaw_trace.SLOTS, dtype=torch.float64)
+    # program 0, warpgroup 0: 10 us at 2 cycles a ns (20,000 cycles), 2 live segments, 8 pairs
+    trace[0, :14] = torch.tensor([1000, 11000, 4000, 800, 1600, 400, 2400, 6400, 800, 2000, 20000, 2, 8, 2],
+                                 dtype=torch.float64)
+    trace[0, 14:] = torch.tensor([5000, 10000], dtype=torch.float64)  # the loader: half its time waiting
+    trace[1, :14] = trace[0, :14]  # warpgroup 1, the same
+    trace[2, :14] = torch.tensor([1500, 2500] + [0] * 8 + [2000, 1, 0, 0], dtype=torch.float64)  # ran, no work
+    per, begin, end, last = seesaw_trace.summarise(trace)  # records 3-5 never ran
+    assert (begin, end, last) == (1000, 11000, 1500)
+    assert per["total"].tolist() == [10.0, 10.0]
+    assert per["q"].tolist() == [1.0, 1.0]  # 4000 cycles = 2 us over 2 segments
+    assert per["epilogue"].tolist() == [0.5, 0.5]
+    assert per["S"].tolist() == [100.0, 100.0]  # 1600 cycles = 0.8 us over 8 pairs: 100 ns a pair
+    assert per["P.V"].tolist() == [400.0, 400.0]
+    assert per["other"].tolist() == [pytest.approx(10 - 9.2)] * 2  # the phases hold 18,400 of 20,000 cycles
+    assert per["loader free wait"].tolist() == [0.5]
