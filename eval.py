@@ -287,23 +287,24 @@ def profile_table(fn, dev) -> str:
 # ---------------------------------------------------------------------------------------------
 # Serving cases: the FlashMLA-shaped API (get_mla_decode_metadata, mla_decode_with_kvcache)
 
-SERVING_FIELDS = ("heads", "page", "kv", "varlen", "causal", "zeros")  # any of them: serving
+SERVING_FIELDS = ("heads", "page", "kv", "varlen", "causal", "zeros", "long")  # any of them: serving
 SERVING_REQUIRED = ("batchsize", "kvseqlen", "seed")
 SERVING_DEFAULTS = {"qseqlen": 1, "heads": 16, "page": 64, "varlen": 0, "causal": 0,
-                    "kv": "bf16", "zeros": 0}
+                    "kv": "bf16", "zeros": 0, "long": 0}
 SERVING_API = ("get_mla_decode_metadata", "mla_decode_with_kvcache")
 
 
 def is_serving_case(args: dict) -> bool:
-    """A spec line with any serving field (heads, page, kv, varlen, causal, zeros) is a serving
+    """A spec line with any serving field (heads, page, kv, varlen, causal, zeros, long) is a serving
     case; any other is a leaderboard case."""
     return any(field in args for field in SERVING_FIELDS)
 
 
 def serving_input_args(args: dict) -> dict:
     """generate_serving_input's arguments of a serving case: batchsize, kvseqlen and seed given;
-    qseqlen 1, heads 16, page 64, varlen 0, causal 0, kv bf16, zeros 0 unless given. A ValueError
-    names an unknown, missing or bad field (reference.check_serving_args); no tensor is made."""
+    qseqlen 1, heads 16, page 64, varlen 0, causal 0, kv bf16, zeros 0, long 0 unless given. A
+    ValueError names an unknown, missing or bad field (reference.check_serving_args); no tensor is
+    made."""
     import reference
 
     known = set(SERVING_FIELDS) | set(SERVING_REQUIRED) | set(SERVING_DEFAULTS)
@@ -703,7 +704,8 @@ def _label(args: dict) -> str:
         return (f"b={f.get('batchsize')} s_q={f['qseqlen']} h_q={f['heads']} page={f['page']} "
                 f"s_k={f.get('kvseqlen')}" + (" varlen" if f["varlen"] else "")
                 + (" causal" if f["causal"] else "") + f" {f['kv']}"
-                + (f" zeros={f['zeros']}" if f["zeros"] else "") + f" seed={f.get('seed')}")
+                + (f" zeros={f['zeros']}" if f["zeros"] else "") + (f" long={f['long']}" if f["long"] else "")
+                + f" seed={f.get('seed')}")
     parts = [f"bs={args.get('batchsize')} kv={_kv_text(args)}"]
     if args.get("qseqlen", 1) != 1:
         parts.append(f"q={args.get('qseqlen')}")
@@ -724,7 +726,7 @@ def _short_label(args: dict) -> str:
         return (f"b{f.get('batchsize')} q{f['qseqlen']} h{f['heads']} p{f['page']} "
                 f"k{f.get('kvseqlen')}" + (" var" if f["varlen"] else "")
                 + (" causal" if f["causal"] else "") + f" {f['kv']}"
-                + (f" z{f['zeros']}" if f["zeros"] else ""))
+                + (f" z{f['zeros']}" if f["zeros"] else "") + (f" L{f['long']}" if f["long"] else ""))
     kv = _kv_text(args)
     text = f"bs={args.get('batchsize')} kv={kv}"
     if args.get("qseqlen", 1) != 1:

@@ -605,6 +605,7 @@ class ServingInput:
     seed: int
     varlen: bool
     zeros: int
+    long: int = 0
 
     @property
     def attended_tokens(self) -> int:
@@ -634,11 +635,11 @@ def _at_most(field: str, number: int, most: int) -> int:
 
 
 def check_serving_args(batchsize, qseqlen, heads, page, kvseqlen, seed, *, varlen=False,
-                       causal=False, kv="bf16", zeros=0) -> dict:
+                       causal=False, kv="bf16", zeros=0, long=0) -> dict:
     """The arguments of ``generate_serving_input`` checked and normalised (ints, bools), without
     making any tensor: a ValueError names the first bad field. batchsize >= 1; qseqlen 1..8;
     heads 1..128; page a power of two 1..128; kvseqlen >= 1; seed an integer; varlen and causal
-    0/1; kv "bf16" or "fp8"; zeros 0..batchsize."""
+    0/1; kv "bf16" or "fp8"; zeros 0..batchsize; long >= 0."""
     batchsize = _whole("batchsize", batchsize, 1)
     qseqlen = _at_most("qseqlen", _whole("qseqlen", qseqlen, 1), SERVING_MAX_QSEQLEN)
     heads = _at_most("heads", _whole("heads", heads, 1), SERVING_MAX_HEADS)
@@ -652,7 +653,7 @@ def check_serving_args(batchsize, qseqlen, heads, page, kvseqlen, seed, *, varle
     zeros = _at_most("zeros", _whole("zeros", zeros, 0), batchsize)
     return {"batchsize": batchsize, "qseqlen": qseqlen, "heads": heads, "page": page,
             "kvseqlen": kvseqlen, "seed": seed, "varlen": _flag("varlen", varlen),
-            "causal": _flag("causal", causal), "kv": kv, "zeros": zeros}
+            "causal": _flag("causal", causal), "kv": kv, "zeros": zeros, "long": _whole("long", long, 0)}
 
 
 def zero_rows(batchsize: int, zeros: int) -> List[int]:
@@ -662,18 +663,21 @@ def zero_rows(batchsize: int, zeros: int) -> List[int]:
 
 
 def serving_lengths(batchsize: int, qseqlen: int, kvseqlen: int, seed: int, *, varlen: bool,
-                    zeros: int) -> List[int]:
+                    zeros: int, long: int = 0) -> List[int]:
     """Each request's KV length, as FlashMLA's own benchmark makes them: ``kvseqlen`` each, or
     with ``varlen`` int(max(normal(kvseqlen, kvseqlen / 2), qseqlen)) from Python's generator
-    seeded with ``seed`` (the same on every machine); then the ``zero_rows`` get 0. Every request
-    draws its length, so a case with zeros has the lengths of the same case without them
-    elsewhere."""
+    seeded with ``seed`` (the same on every machine); ``long`` (if not 0) the last request's
+    instead (one long request among short ones: 127 of 1k and one of 64k); then the ``zero_rows``
+    get 0. Every request draws its length, so a case with zeros has the lengths of the same case
+    without them elsewhere."""
     if varlen:
         rng = random.Random(seed)
         lengths = [int(max(rng.normalvariate(kvseqlen, kvseqlen / 2), qseqlen))
                    for _ in range(batchsize)]
     else:
         lengths = [kvseqlen] * batchsize
+    if long:
+        lengths[-1] = long
     for row in zero_rows(batchsize, zeros):
         lengths[row] = 0
     return lengths
@@ -726,13 +730,14 @@ def _nan_fill(k_cache: torch.Tensor, unused: torch.Tensor) -> None:
 
 def generate_serving_input(batchsize: int, qseqlen: int, heads: int, page: int, kvseqlen: int,
                            seed: int, *, varlen: bool = False, causal: bool = False,
-                           kv: str = "bf16", zeros: int = 0,
+                           kv: str = "bf16", zeros: int = 0, long: int = 0,
                            device: Union[None, str, torch.device] = None) -> ServingInput:
     """A serving case for ``mla_decode_with_kvcache``: ``batchsize`` requests of ``qseqlen``
     query tokens and ``heads`` query heads over a paged cache of ``page`` tokens per block.
 
     - Lengths: ``serving_lengths`` (FlashMLA's benchmark: fixed, or normal around kvseqlen with
-      std kvseqlen / 2, at least qseqlen; ``zeros`` requests get 0).
+      std kvseqlen / 2, at least qseqlen; the last one ``long`` where given; ``zeros`` requests
+      get 0).
     - Values: a generator on the device seeded with ``seed`` draws q = randn (batch, qseqlen,
       heads, 576) bf16, then the cache randn (num_blocks, page, 1, 576) bf16. q is randn, not
       FlashMLA's randn / 10: the leaderboard's q and FlashMLA's dense decode test are randn, and
@@ -748,10 +753,10 @@ def generate_serving_input(batchsize: int, qseqlen: int, heads: int, page: int, 
     device's (CPU and GPU streams differ). Arguments are checked first (``check_serving_args``).
     """
     args = check_serving_args(batchsize, qseqlen, heads, page, kvseqlen, seed, varlen=varlen,
-                              causal=causal, kv=kv, zeros=zeros)
+                              causal=causal, kv=kv, zeros=zeros, long=long)
     device = get_device(device)
     lengths = serving_lengths(args["batchsize"], args["qseqlen"], args["kvseqlen"], args["seed"],
-                              varlen=args["varlen"], zeros=args["zeros"])
+                              varlen=args["varlen"], zeros=args["zeros"], long=args["long"])
     table, fill, num_blocks = _block_layout(lengths, args["page"], args["seed"])
     gen = torch.Generator(device=device)
     gen.manual_seed(args["seed"])
@@ -771,7 +776,7 @@ def generate_serving_input(batchsize: int, qseqlen: int, heads: int, page: int, 
         causal=args["causal"], softmax_scale=SM_SCALE, head_dim_v=V_HEAD_DIM, kv=args["kv"],
         lengths=lengths, batchsize=args["batchsize"], qseqlen=args["qseqlen"],
         heads=args["heads"], page=args["page"], kvseqlen=args["kvseqlen"], seed=args["seed"],
-        varlen=args["varlen"], zeros=args["zeros"])
+        varlen=args["varlen"], zeros=args["zeros"], long=args["long"])
 
 
 def _scale_float64(k_scale, device) -> Optional[torch.Tensor]:

@@ -1,7 +1,7 @@
 """The serving API (submission.mla_decode_with_kvcache, bf16 and fp8 caches) against MLA decode peers
 on FlashMLA's own benchmark inputs, in one process, with the same inputs and timings.
 
-    python bench/serving_peers.py [--grids A,B,C] [--flashmla BUILD] [--vllm-fp8 KIT] [--no-flashinfer] [--repeats 20]
+    python bench/serving_peers.py [--grids A,B,C,S] [--flashmla BUILD] [--vllm-fp8 KIT] [--no-flashinfer] [--repeats 20]
                                   [--json OUT] [--skip-32k] [--page 64]
                                   [--baseline FILE] [--no-check]
 
@@ -9,7 +9,9 @@ Grids (FlashMLA's benchmark: 128 requests, lengths normal around the mean s_k wi
 64-token pages (--page: another size, for ours alone), a permuted block table, NaN in every slot
 nobody attends; causal for s_q 2):
   A: h_q 128, s_q 1 and 2, s_k 4096 .. 32768 (compute-bound);  B: h_q 16, same;
-  C: the leaderboard's 8 uniform shapes (h_q 16, s_q 1) as a paged cache.
+  C: the leaderboard's 8 uniform shapes (h_q 16, s_q 1) as a paged cache;
+  S: one long request among short ones (127 of 1024 tokens and one of 65536; h_q 16 and 128,
+     s_q 1): a schedule by tokens takes about the time of the batch's tokens, not the long one's.
 Providers: ours over the bf16 cache and over its fp8 copy (per-tensor scale); FlashMLA's dense
 decode (bf16) when --flashmla names its build (the peers kit's flashmla_build.sh; skipped with a
 note otherwise); vLLM's fp8 fork when --vllm-fp8 names a folder holding peer_vllm_fp8.py and its
@@ -49,14 +51,17 @@ SK = (4096, 8192, 16384, 32768)
 
 
 def grid_cases(grids, skip_32k):
-    """(grid, batch, s_q, h_q, mean s_k, varlen, causal) of each requested grid."""
+    """(grid, batch, s_q, h_q, mean s_k, varlen, causal, the last request's length or 0) of each
+    requested grid."""
     cases = []
     for grid, h_q in (("A", 128), ("B", 16)):
         if grid in grids:
-            cases += [(grid, 128, s_q, h_q, s_k, True, s_q > 1) for s_q in (1, 2) for s_k in SK
+            cases += [(grid, 128, s_q, h_q, s_k, True, s_q > 1, 0) for s_q in (1, 2) for s_k in SK
                       if not (skip_32k and s_k == 32768)]
     if "C" in grids:
-        cases += [("C", batch, 1, 16, kv, False, False) for batch, kv in utils.benchmark_shapes()]
+        cases += [("C", batch, 1, 16, kv, False, False, 0) for batch, kv in utils.benchmark_shapes()]
+    if "S" in grids:
+        cases += [("S", 128, 1, h_q, 1024, False, False, 65536) for h_q in (16, 128)]
     return cases
 
 
@@ -282,7 +287,7 @@ def load_peers(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--grids", default="A,B,C")
+    parser.add_argument("--grids", default="A,B,C,S")
     parser.add_argument("--flashmla", default=None, help="FlashMLA's build folder (flashmla_build.sh DEST/build)")
     parser.add_argument("--vllm-fp8", default=None, help="folder with peer_vllm_fp8.py and build/")
     parser.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out where it imports")
@@ -305,15 +310,16 @@ def main():
         print("NOTE:", note, flush=True)
     flush = utils.L2Flusher("default")
     rows = []
-    for grid, batch, s_q, h_q, s_k, varlen, causal in within(grid_cases(args.grids.split(","), args.skip_32k),
-                                                             args.max_seconds):
+    for grid, batch, s_q, h_q, s_k, varlen, causal, long in within(
+            grid_cases(args.grids.split(","), args.skip_32k), args.max_seconds):
         case = reference.generate_serving_input(batch, s_q, h_q, args.page, s_k, 1, varlen=varlen, causal=causal,
-                                                kv="bf16", device="cuda")
+                                                kv="bf16", long=long, device="cuda")
         exact_out = exact_lse = None
         if not args.no_check:
             exact_out, exact_lse = reference.mla_decode_paged_float64(case.q, case.k_cache, case.block_table,
                                                                       case.cache_seqlens, causal=causal)
         tokens = sum(case.lengths)
+        label = f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k}" + (f" long{long}" if long else "")
         for name, fn in providers(case, args).items():
             try:
                 out, lse = fn()
@@ -323,14 +329,14 @@ def main():
                 try:
                     gpu, gpu_mean = profiler_times(fn, args.repeats, flush)
                 except RuntimeError as exc:  # a profile that does not split into the calls: no GPU time
-                    print(f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k}: {name} profiler: {exc}", flush=True)
+                    print(f"{label}: {name} profiler: {exc}", flush=True)
                     gpu = gpu_mean = float("nan")
                 host = host_time(fn, args.host_repeats)
                 host_busy = host_time(fn, args.host_repeats, busy=True)
             except Exception as exc:  # a peer that cannot take the case: say so, go on
-                print(f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k}: {name} failed: {exc!r}", flush=True)
+                print(f"{label}: {name} failed: {exc!r}", flush=True)
                 continue
-            row = {"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "causal": causal,
+            row = {"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "long": long, "causal": causal,
                    "provider": name, "median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean,
                    "host_us": host, "host_busy_us": host_busy,
                    "rel_l2": rel,
@@ -338,7 +344,7 @@ def main():
                    "tflops": 2 * tokens * s_q * h_q * (576 + 512) / median / 1e6,
                    "bf16_tb_s": tokens * 1152 / median / 1e6}
             rows.append(row)
-            print(f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k} {name:14s} {median:9.1f} us (mean {mean:9.1f}) "
+            print(f"{label} {name:14s} {median:9.1f} us (mean {mean:9.1f}) "
                   f"gpu {gpu:9.1f}  host {host:6.1f} / busy {host_busy:5.1f} us  {row['tflops']:6.1f} TFLOPS  "
                   f"{row['bf16_tb_s']:5.2f} TB/s(bf16)  "
                   f"rel {rel:.2e}" + (f"  lse {lse_err:.1e}" if lse_err is not None else ""), flush=True)

@@ -126,7 +126,7 @@ def test_serving_cases_pass_with_one_plan_each(subs, tmp_path, no_popcorn, capsy
     a, b = js["cases"]
     assert a["kind"] == b["kind"] == "serving"
     assert a["fields"] == {"batchsize": 3, "qseqlen": 2, "heads": 3, "page": 4, "kvseqlen": 14,
-                           "seed": 11, "varlen": True, "causal": True, "kv": "fp8", "zeros": 1}
+                           "seed": 11, "varlen": True, "causal": True, "kv": "fp8", "zeros": 1, "long": 0}
     assert b["fields"]["page"] == 1 and b["fields"]["varlen"] is False
     assert a["lengths"][0] == 0 and a["zero_rows"] == 2 * 3
     assert 0 < a["rel_l2"] < a["rel_l2_bound"] < 0.5 and a["fp8_out_reach"] > 0.005
@@ -216,7 +216,7 @@ def test_labels_and_shape_keys_of_serving_cases():
     assert ev._shape_key(args) != ev._shape_key(dict(args, kv="bf16"))
     assert ev.serving_input_args({"batchsize": 2, "kvseqlen": 5, "seed": 1, "kv": "fp8"}) == {
         "batchsize": 2, "qseqlen": 1, "heads": 16, "page": 64, "kvseqlen": 5, "seed": 1,
-        "varlen": False, "causal": False, "kv": "fp8", "zeros": 0}
+        "varlen": False, "causal": False, "kv": "fp8", "zeros": 0, "long": 0}
 
 
 def test_the_widest_serving_row_fits_120_columns():
@@ -288,7 +288,24 @@ def test_serving_spec_grid_and_engine_shapes():
                if c["batchsize"] == 128 and c["page"] == 64 and c["varlen"]}
     assert engines == {(s, s == 2, h, k, kv) for s in (1, 2) for h in (16, 128)
                        for k in (4096, 8192, 16384, 32768) for kv in ("bf16", "fp8")}
+    skewed = {(c["heads"], c["kv"]) for c in cases if c["long"]}
+    assert skewed == {(h, kv) for h in (16, 128) for kv in ("bf16", "fp8")}
+    assert all(c["batchsize"] == 128 and c["kvseqlen"] == 1024 and c["long"] == 65536 for c in cases if c["long"])
     assert len({c["seed"] for c in cases}) == len(cases)
+
+
+def test_a_long_request_among_short_ones():
+    """`long`: the last request's length (the issue's batch of 127 x 1k and one of 64k), named in
+    the case's labels; 0 leaves the lengths as they were; a negative one is refused by name."""
+    args = utils.parse_spec_line("batchsize: 4; kvseqlen: 9; long: 70; seed: 3")
+    assert ev.is_serving_case(args)
+    fields = ev.serving_input_args(args)
+    assert R.serving_lengths(4, 1, 9, 3, varlen=False, zeros=0, long=fields["long"]) == [9, 9, 9, 70]
+    assert R.serving_lengths(4, 1, 9, 3, varlen=False, zeros=0) == [9] * 4
+    assert R.generate_serving_input(4, 1, 2, 16, 9, 3, long=70).lengths == [9, 9, 9, 70]
+    assert "long=70" in ev._label(args) and ev._short_label(args).endswith("L70")
+    with pytest.raises(ValueError, match="long"):
+        ev.serving_input_args(dict(args, long=-1))
 
 
 def test_serving_cpu_spec_is_tiny_and_covers_the_formats():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import reference
-from bench.serving_peers import errors, flashinfer_calls, flashinfer_pages, fp8_copy, split_calls, within
+from bench.serving_peers import errors, flashinfer_calls, flashinfer_pages, fp8_copy, grid_cases, split_calls, within
 import flashinfer_double
 
 FLUSH = ["fill"]
@@ -97,3 +97,10 @@ def test_the_double_rejects_a_page_list_that_does_not_hold_the_lengths():
     with pytest.raises(ValueError, match="kv_indptr"):
         wrapper.plan(torch.tensor([0, 1], **index), torch.tensor([0, 1], **index), torch.tensor([5], **index),
                      torch.tensor([40], **index), 4, 512, 64, 16, False, 0.1, torch.bfloat16, torch.bfloat16)
+
+
+def test_grid_s_is_the_long_request_among_short_ones():
+    cases = grid_cases(["S"], skip_32k=True)
+    assert cases == [("S", 128, 1, h_q, 1024, False, False, 65536) for h_q in (16, 128)]
+    assert all(case[-1] == 0 for case in grid_cases(["A", "B", "C"], skip_32k=True))
+    assert len(grid_cases(["A", "B", "C"], skip_32k=False)) == 2 * 2 * 4 + 8
