@@ -32,16 +32,15 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
-import eval as runner  # noqa: E402
 import reference  # noqa: E402
 import submission  # noqa: E402
 import utils  # noqa: E402
+from bench.profile.trace_probe import CLOCK, STAMP, load_instrumented  # noqa: E402
 
 SLOTS = 16  # int64 per (program, compute warpgroup) record
 RECORDS = 1 << 16  # records in the buffer: enough for any grid the serving plans launch
@@ -49,8 +48,6 @@ PHASES = ["q", "wait", "S", "max", "P", "P.V", "release", "epilogue"]  # cycle s
 # slots: 0 start ns, 1 end ns, 2-9 PHASES (cycles), 10 all cycles, 11 segments, 12 pairs,
 # 13 live segments; in warpgroup 0's record 14 the loader's cycles waiting for a free slot, 15 its cycles
 
-STAMP = 'gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)'
-CLOCK = 'gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)'
 RECORD = "TRACE + ((gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 2 + {WG}) * 16"
 
 # (marker text in submission.py, text in its place, times it must occur); {S} STAMP, {C} CLOCK
@@ -171,10 +168,7 @@ def main():
     parser.add_argument("--uniform", action="store_true", help="every request the mean length")
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
-    path = os.path.join(tempfile.mkdtemp(), "traced_submission.py")  # kept: Triton reads jit sources
-    with open(path, "w") as f:
-        f.write(instrumented_source(os.path.join(ROOT, "submission.py")))
-    module = runner.load_submission(path, "traced_submission")
+    module = load_instrumented(instrumented_source(os.path.join(ROOT, "submission.py")))
     module.TRACE_BUFFER = torch.zeros(RECORDS * SLOTS, dtype=torch.int64, device="cuda")
     flush = utils.L2Flusher("default")
     print("case kv | event us (the kernel without the probe's clocks) | span us | last start us | per warpgroup, "

@@ -91,6 +91,15 @@ INSERTIONS = [
 ]
 
 
+def load_instrumented(source, name="traced_submission"):
+    """An instrumented copy of submission.py as a module, from a file of its own (kept: Triton reads
+    the jit functions' source from it)."""
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    return runner.load_submission(path, name)
+
+
 def instrumented_source(path):
     src = open(path).read()
     for marker, text in INSERTIONS:
@@ -109,10 +118,7 @@ def main():
                         help="BSxKV[:SPLITS], comma-separated (SPLITS overrides the table row's split count)")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    path = os.path.join(tempfile.mkdtemp(), "traced_submission.py")  # kept: Triton reads jit sources
-    with open(path, "w") as f:
-        f.write(instrumented_source(os.path.join(ROOT, "submission.py")))
-    module = runner.load_submission(path, "traced_submission")
+    module = load_instrumented(instrumented_source(os.path.join(ROOT, "submission.py")))
     flush = utils.L2Flusher("default")
     print("bs/kv: row | event us | span us | last start us | per program (median): prologue, loop, "
           "stores, merge+end us | per tile ns: wait, S^T, softmax+P, P.V | tiles")
