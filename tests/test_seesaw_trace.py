@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def test_every_marker_applies_to_submission():
     source = seesaw_trace.instrumented_source(str(REPO_ROOT / "submission.py"))
     compile(source, "traced_submission.py", "exec")
-    assert source.count("%globaltimer") == 2 and source.count("%clock64") == 17
+    assert source.count("%globaltimer") == 2 and source.count("%clock64") == 16
     assert "TRACE_BUFFER = None" in source
 
 
@@ -51,13 +51,14 @@ def test_instrumented_seesaw_compiles_for_sm90_with_its_clocks(tmp_path, monkeyp
     assert dumped
     for asm in dumped:
         text = asm.read_text()  # two compute warpgroups' clocks and stamps, and the loader's
-        assert text.count("globaltimer") >= 4 and text.count("clock64") >= 30, asm.name
+        assert text.count("globaltimer") >= 4 and text.count("clock64") >= 28, asm.name
 
 
 def test_the_summary_converts_cycles_to_time_per_segment_and_per_pair():
     trace = torch.zeros(6, seesaw_trace.SLOTS, dtype=torch.float64)
-    # program 0, warpgroup 0: 10 us at 2 cycles a ns (20,000 cycles), 2 live segments, 8 pairs
-    trace[0, :14] = torch.tensor([1000, 11000, 4000, 800, 1600, 400, 2400, 6400, 800, 2000, 20000, 2, 8, 2],
+    # program 0, warpgroup 0: 10 us at 2 cycles a ns (20,000 cycles), 2 live segments, 8 pairs; the pair
+    # loops 12,800 cycles, of which wait, S, max and P 5,200: P.V 7,600
+    trace[0, :14] = torch.tensor([1000, 11000, 4000, 800, 1600, 400, 2400, 12800, 2000, 0, 20000, 2, 8, 2],
                                  dtype=torch.float64)
     trace[0, 14:] = torch.tensor([5000, 10000], dtype=torch.float64)  # the loader: half its time waiting
     trace[1, :14] = trace[0, :14]  # warpgroup 1, the same
@@ -68,6 +69,6 @@ def test_the_summary_converts_cycles_to_time_per_segment_and_per_pair():
     assert per["q"].tolist() == [1.0, 1.0]  # 4000 cycles = 2 us over 2 segments
     assert per["epilogue"].tolist() == [0.5, 0.5]
     assert per["S"].tolist() == [100.0, 100.0]  # 1600 cycles = 0.8 us over 8 pairs: 100 ns a pair
-    assert per["P.V"].tolist() == [400.0, 400.0]
-    assert per["other"].tolist() == [pytest.approx(10 - 9.2)] * 2  # the phases hold 18,400 of 20,000 cycles
+    assert per["P.V"].tolist() == [475.0, 475.0]  # 7,600 cycles = 3.8 us over 8 pairs
+    assert per["other"].tolist() == [pytest.approx(10 - 9.4)] * 2  # q, loops, epilogue: 18,800 of 20,000 cycles
     assert per["loader free wait"].tolist() == [0.5]

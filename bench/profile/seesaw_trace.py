@@ -9,8 +9,9 @@ records %globaltimer at its start and end and %clock64 cycles spent per phase:
   S         the own tile's scores (_sw_scores: issue and wait)
   max       the tile's maxima exchanged (masking, m_smem, the wait for the other warpgroup's)
   P         the running max, P, waiting for the P buffer, P stored and published
-  P.V       the rescale, waiting for both P, both tiles' P.V
-  release   the slots and the P buffer released
+  P.V       the rest of the pair: the rescale, waiting for both P, both tiles' P.V, the slots and
+            P's buffer released (the pair loop's whole time less the phases above, so that the
+            markers do not depend on how the P.V and the releases are written)
   epilogue  a segment's row sums exchanged and its output, lse or partial stored
 and the loader warp the cycles it waits for a free ring slot. The phases cover the warpgroup's
 whole run but for the schedule at each segment's start (`other` in the table).
@@ -21,7 +22,7 @@ A case is BATCHxHEADSxS_QxMEAN_S_K (FlashMLA's benchmark lengths: normal around 
 half of it; --uniform: every request the mean), 64-token pages, causal for s_q > 1. Per case and
 cache: event time (CUDA events around one call after an L2 flush) beside the uninstrumented
 kernel's (the clocks cost registers: on sm_90 the pair loop's spill reloads rise from 7 to 14 for
-fp8 and from 18 to 42 for bf16, so read the phases as shares), the kernel's span (first
+fp8 and from 18 to 32 for bf16, so read the phases as shares), the kernel's span (first
 warpgroup start to last end) and how late the last program starts; per warpgroup (medians over
 programs that had work and over repeats) the time in each phase, per segment for q and the
 epilogue, per pair of tiles for the loop's phases; segments and pairs per program; and the
@@ -44,8 +45,9 @@ from bench.profile.trace_probe import CLOCK, STAMP, load_instrumented  # noqa: E
 
 SLOTS = 16  # int64 per (program, compute warpgroup) record
 RECORDS = 1 << 16  # records in the buffer: enough for any grid the serving plans launch
-PHASES = ["q", "wait", "S", "max", "P", "P.V", "release", "epilogue"]  # cycle slots 2-9
-# slots: 0 start ns, 1 end ns, 2-9 PHASES (cycles), 10 all cycles, 11 segments, 12 pairs,
+PHASES = ["q", "wait", "S", "max", "P", "P.V", "epilogue"]  # in the table; P.V derived from "loop"
+RECORDED = ["q", "wait", "S", "max", "P", "loop", "epilogue"]  # cycle slots 2-8: "loop" the pair loops' whole time
+# slots: 0 start ns, 1 end ns, 2-8 RECORDED (cycles), 10 all cycles, 11 segments, 12 pairs,
 # 13 live segments; in warpgroup 0's record 14 the loader's cycles waiting for a free slot, 15 its cycles
 
 RECORD = "TRACE + ((gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 2 + {WG}) * 16"
@@ -85,8 +87,8 @@ INSERTIONS = [
      "                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, TRACE):\n", 1),
     ("    consumed = 0\n    pairs = 0\n    for segment in range(segments):\n",
      "    consumed = 0\n    pairs = 0\n    t_start = {S}\n    c_start = {C}\n"
-     "    c_q = c_start * 0\n    c_wait = c_q\n    c_s = c_q\n    c_max = c_q\n    c_p = c_q\n    c_pv = c_q\n"
-     "    c_rel = c_q\n    c_epi = c_q\n    n_live = c_q\n"
+     "    c_q = c_start * 0\n    c_wait = c_q\n    c_s = c_q\n    c_max = c_q\n    c_p = c_q\n    c_loop = c_q\n"
+     "    c_epi = c_q\n    n_live = c_q\n"
      "    for segment in range(segments):\n", 1),
     ("        # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this\n",
      "        c0 = {C}\n        n_live += live.to(gl.int64)\n"
@@ -105,21 +107,17 @@ INSERTIONS = [
      "            c4 = {C}\n            c_max += c4 - c3\n", 1),
     ("            _sw_arrive(pub.index(WG))\n",
      "            _sw_arrive(pub.index(WG))\n            c5 = {C}\n            c_p += c5 - c4\n", 1),
-    ("                                acc1, WG, O_MMA)\n            gl.thread_barrier()  # every warp's MMAs",
-     "                                acc1, WG, O_MMA)\n            c6 = {C}\n            c_pv += c6 - c5\n"
-     "            gl.thread_barrier()  # every warp's MMAs", 1),
-    ("            mbarrier.arrive(done.index(1 - WG), count=1)\n",
-     "            mbarrier.arrive(done.index(1 - WG), count=1)\n            c_rel += {C} - c6\n", 1),
+    ("        for j in range(num_pairs):\n", "        c6 = {C}\n        for j in range(num_pairs):\n", 1),
     ("        pairs += num_pairs\n        consumed += num_tiles\n",
-     "        c7 = {C}\n        pairs += num_pairs\n        consumed += num_tiles\n", 1),
+     "        c7 = {C}\n        c_loop += c7 - c6\n        pairs += num_pairs\n        consumed += num_tiles\n", 1),
     ("                      stride_lse_token, WG, KV_FP8)\n        request += 1\n        tile_begin = tile_end\n",
      "                      stride_lse_token, WG, KV_FP8)\n        request += 1\n        tile_begin = tile_end\n"
      "        c_epi += {C} - c7\n"
      "    c_end = {C}\n    record = " + RECORD.format(WG="WG") + "\n"
      "    gl.store(record, t_start)\n    gl.store(record + 1, {S})\n"
      "    gl.store(record + 2, c_q)\n    gl.store(record + 3, c_wait)\n    gl.store(record + 4, c_s)\n"
-     "    gl.store(record + 5, c_max)\n    gl.store(record + 6, c_p)\n    gl.store(record + 7, c_pv)\n"
-     "    gl.store(record + 8, c_rel)\n    gl.store(record + 9, c_epi)\n    gl.store(record + 10, c_end - c_start)\n"
+     "    gl.store(record + 5, c_max)\n    gl.store(record + 6, c_p)\n    gl.store(record + 7, c_loop)\n"
+     "    gl.store(record + 8, c_epi)\n    gl.store(record + 10, c_end - c_start)\n"
      "    gl.store(record + 11, segments.to(gl.int64))\n    gl.store(record + 12, pairs.to(gl.int64))\n"
      "    gl.store(record + 13, n_live)\n", 1),
 ]
@@ -147,9 +145,11 @@ def summarise(trace):
     rows = trace[live]
     ns_per_cycle = (rows[:, 1] - rows[:, 0]) / rows[:, 10].clamp(min=1)
     segments, pairs = rows[:, 13].clamp(min=1), rows[:, 12].clamp(min=1)
-    us = {name: rows[:, 2 + k] * ns_per_cycle / 1e3 for k, name in enumerate(PHASES)}
+    us = {name: rows[:, 2 + k] * ns_per_cycle / 1e3 for k, name in enumerate(RECORDED)}
     total = (rows[:, 1] - rows[:, 0]) / 1e3
-    out = {"total": total, "other": total - sum(us.values()), "segments": rows[:, 13], "pairs": rows[:, 12]}
+    out = {"total": total, "other": total - us["q"] - us["loop"] - us["epilogue"], "segments": rows[:, 13],
+           "pairs": rows[:, 12]}
+    us["P.V"] = us.pop("loop") - us["wait"] - us["S"] - us["max"] - us["P"]
     for name, value in us.items():
         if name in ("q", "epilogue"):
             out[name] = value / segments  # us a segment
