@@ -1,7 +1,7 @@
 """Where the seesaw kernel's time goes, per program and warpgroup (sm_90, one device call).
 
-Builds an instrumented copy of submission.py (exact-text insertions, each asserted to match as often
-as it must, so a kernel edit that moves a marker fails loudly here; tests/test_seesaw_trace.py
+Builds an instrumented copy of submission.py (exact-text insertions, each asserted to match once,
+so a kernel edit that moves a marker fails loudly here; tests/test_seesaw_trace.py
 compiles the result for sm_90 on the CPU). Each compute warpgroup of _mla_decode_seesaw_kernel
 records %globaltimer at its start and end and %clock64 cycles spent per phase:
   q         a segment's q staged (_sw_stage_q and the wait for the other warpgroup's half)
@@ -31,7 +31,6 @@ what limits). Checked first against float64 attention (rel. L2 of out).
 """
 import argparse
 import os
-import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -41,7 +40,7 @@ import torch  # noqa: E402
 import reference  # noqa: E402
 import submission  # noqa: E402
 import utils  # noqa: E402
-from bench.profile.trace_probe import CLOCK, STAMP, load_instrumented  # noqa: E402
+from bench.profile.trace_probe import insert, load_instrumented, median  # noqa: E402
 
 SLOTS = 16  # int64 per (program, compute warpgroup) record
 RECORDS = 1 << 16  # records in the buffer: enough for any grid the serving plans launch
@@ -52,64 +51,64 @@ RECORDED = ["q", "wait", "S", "max", "P", "loop", "epilogue"]  # cycle slots 2-8
 
 RECORD = "TRACE + ((gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 2 + {WG}) * 16"
 
-# (marker text in submission.py, text in its place, times it must occur); {S} STAMP, {C} CLOCK
+# (marker text in submission.py, text in its place); {S} a %globaltimer stamp, {C} a %clock64 read
 INSERTIONS = [
     # the kernel takes the buffer after SPLIT_COUNTS; the launch passes TRACE_BUFFER there
     ("def _mla_decode_seesaw_kernel(\n    Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, "
      "PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,\n",
      "def _mla_decode_seesaw_kernel(\n    Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, "
-     "PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, TRACE,\n", 1),
+     "PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, TRACE,\n"),
     ("            out, lse, partial_o, partial_lse, tickets)\n",
-     "            out, lse, partial_o, partial_lse, tickets, TRACE_BUFFER)\n", 1),
+     "            out, lse, partial_o, partial_lse, tickets, TRACE_BUFFER)\n"),
     ('"PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "sm_scale_log2": "fp32",',
-     '"PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32",', 1),
-    ("                       KV_FP8, 0)),\n", "                       KV_FP8, 0, TRACE)),\n", 1),
-    ("                       KV_FP8, 1)),\n", "                       KV_FP8, 1, TRACE)),\n", 1),
+     '"PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32",'),
+    ("                       KV_FP8, 0)),\n", "                       KV_FP8, 0, TRACE)),\n"),
+    ("                       KV_FP8, 1)),\n", "                       KV_FP8, 1, TRACE)),\n"),
     ("                      num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK))],\n",
-     "                      num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK, TRACE))],\n", 1),
+     "                      num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK, TRACE))],\n"),
     # the loader: cycles waiting for a free slot
     ("               STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,\n"
      "               CHUNK: gl.constexpr):\n",
      "               STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,\n"
-     "               CHUNK: gl.constexpr, TRACE):\n", 1),
+     "               CHUNK: gl.constexpr, TRACE):\n"),
     ("    consumed = 0\n    for _segment in range(segments):\n",
-     "    consumed = 0\n    l_start = {C}\n    l_free = l_start * 0\n    for _segment in range(segments):\n", 1),
+     "    consumed = 0\n    l_start = {C}\n    l_free = l_start * 0\n    for _segment in range(segments):\n"),
     ("            mbarrier.wait(free.index(slot), ((g // STAGES) - 1) & 1, pred=g >= STAGES)\n",
      "            l0 = {C}\n            mbarrier.wait(free.index(slot), ((g // STAGES) - 1) & 1, pred=g >= STAGES)\n"
-     "            l_free += {C} - l0\n", 1),
+     "            l_free += {C} - l0\n"),
     ("        consumed += num_tiles\n        request += 1\n        tile_begin = tile_end\n\n\n@gluon.jit\n"
      "def _sw_stage_q(",
      "        consumed += num_tiles\n        request += 1\n        tile_begin = tile_end\n"
      "    gl.store(" + RECORD.format(WG=0) + " + 14, l_free)\n"
-     "    gl.store(" + RECORD.format(WG=0) + " + 15, {C} - l_start)\n\n\n@gluon.jit\ndef _sw_stage_q(", 1),
+     "    gl.store(" + RECORD.format(WG=0) + " + 15, {C} - l_start)\n\n\n@gluon.jit\ndef _sw_stage_q("),
     # the compute warpgroups
     ("                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):\n",
-     "                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, TRACE):\n", 1),
+     "                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, TRACE):\n"),
     ("    consumed = 0\n    pairs = 0\n    for segment in range(segments):\n",
      "    consumed = 0\n    pairs = 0\n    t_start = {S}\n    c_start = {C}\n"
      "    c_q = c_start * 0\n    c_wait = c_q\n    c_s = c_q\n    c_max = c_q\n    c_p = c_q\n    c_loop = c_q\n"
      "    c_epi = c_q\n    n_live = c_q\n"
-     "    for segment in range(segments):\n", 1),
+     "    for segment in range(segments):\n"),
     ("        # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this\n",
      "        c0 = {C}\n        n_live += live.to(gl.int64)\n"
-     "        # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this\n", 1),
+     "        # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this\n"),
     ("        mbarrier.wait(staged, segment & 1)\n",
-     "        mbarrier.wait(staged, segment & 1)\n        c_q += {C} - c0\n", 1),
+     "        mbarrier.wait(staged, segment & 1)\n        c_q += {C} - c0\n"),
     ("            mbarrier.wait(loaded.index(slot_own), phase_first if WG == 0 else phase_second)\n"
      "            s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_own, S_L)\n",
      "            c1 = {C}\n"
      "            mbarrier.wait(loaded.index(slot_own), phase_first if WG == 0 else phase_second)\n"
      "            c2 = {C}\n            c_wait += c2 - c1\n"
      "            s = _sw_scores(kv_latent, kv_rope, q_latent, q_rope, slot_own, S_L)\n"
-     "            c3 = {C}\n            c_s += c3 - c2\n", 1),
+     "            c3 = {C}\n            c_s += c3 - c2\n"),
     ("            mbarrier.wait(tile_max.index(1 - WG), phase)\n",
      "            mbarrier.wait(tile_max.index(1 - WG), phase)\n"
-     "            c4 = {C}\n            c_max += c4 - c3\n", 1),
+     "            c4 = {C}\n            c_max += c4 - c3\n"),
     ("            _sw_arrive(pub.index(WG))\n",
-     "            _sw_arrive(pub.index(WG))\n            c5 = {C}\n            c_p += c5 - c4\n", 1),
-    ("        for j in range(num_pairs):\n", "        c6 = {C}\n        for j in range(num_pairs):\n", 1),
+     "            _sw_arrive(pub.index(WG))\n            c5 = {C}\n            c_p += c5 - c4\n"),
+    ("        for j in range(num_pairs):\n", "        c6 = {C}\n        for j in range(num_pairs):\n"),
     ("        pairs += num_pairs\n        consumed += num_tiles\n",
-     "        c7 = {C}\n        c_loop += c7 - c6\n        pairs += num_pairs\n        consumed += num_tiles\n", 1),
+     "        c7 = {C}\n        c_loop += c7 - c6\n        pairs += num_pairs\n        consumed += num_tiles\n"),
     ("                      stride_lse_token, WG, KV_FP8)\n        request += 1\n        tile_begin = tile_end\n",
      "                      stride_lse_token, WG, KV_FP8)\n        request += 1\n        tile_begin = tile_end\n"
      "        c_epi += {C} - c7\n"
@@ -119,20 +118,12 @@ INSERTIONS = [
      "    gl.store(record + 5, c_max)\n    gl.store(record + 6, c_p)\n    gl.store(record + 7, c_loop)\n"
      "    gl.store(record + 8, c_epi)\n    gl.store(record + 10, c_end - c_start)\n"
      "    gl.store(record + 11, segments.to(gl.int64))\n    gl.store(record + 12, pairs.to(gl.int64))\n"
-     "    gl.store(record + 13, n_live)\n", 1),
+     "    gl.store(record + 13, n_live)\n"),
 ]
 
 
 def instrumented_source(path):
-    src = open(path).read()
-    for marker, text, times in INSERTIONS:
-        assert src.count(marker) == times, f"marker found {src.count(marker)} times, not {times}: {marker[:70]!r}"
-        src = src.replace(marker, text.replace("{S}", STAMP).replace("{C}", CLOCK))
-    return src + "\nTRACE_BUFFER = None  # set by bench/profile/seesaw_trace.py\n"
-
-
-def median(values):
-    return statistics.median(values) if values else float("nan")
+    return insert(path, INSERTIONS, "bench/profile/seesaw_trace.py")
 
 
 def summarise(trace):

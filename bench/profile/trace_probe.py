@@ -100,12 +100,20 @@ def load_instrumented(source, name="traced_submission"):
     return runner.load_submission(path, name)
 
 
-def instrumented_source(path):
+def insert(path, insertions, probe):
+    """submission.py at `path` with each (marker, text) of `insertions` in place of its marker, which
+    must occur exactly once ({S}: a %globaltimer stamp, {C}: a %clock64 read), and a TRACE_BUFFER
+    for `probe` to set."""
     src = open(path).read()
-    for marker, text in INSERTIONS:
-        assert src.count(marker) == 1, f"marker not found exactly once: {marker[:60]!r}"
+    for marker, text in insertions:
+        count = src.count(marker)
+        assert count == 1, f"marker found {count} times, not once: {marker[:70]!r}"
         src = src.replace(marker, text.replace("{S}", STAMP).replace("{C}", CLOCK))
-    return src + "\nTRACE_BUFFER = None  # set by bench/profile/trace_probe.py\n"
+    return src + f"\nTRACE_BUFFER = None  # set by {probe}\n"
+
+
+def instrumented_source(path):
+    return insert(path, INSERTIONS, "bench/profile/trace_probe.py")
 
 
 def median(values):
