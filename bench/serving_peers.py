@@ -139,35 +139,36 @@ def flashinfer_pages(block_table, cache_seqlens, page):
 
 
 def flashinfer_calls(flashinfer, case, cache8, scale8):
-    """{FlashInfer bf16, FlashInfer fp8}: FlashInfer's BatchMLAPagedAttentionWrapper (its default
-    backend: fa3 on sm_90) over the case's cache and its fp8 copy, q bf16 in both.
+    """{FlashInfer bf16, FlashInfer fp8}: FlashInfer's BatchMLAPagedAttentionWrapper (0.7.4's keyword
+    form; its default backend: fa3 on sm_90) over the case's cache and its fp8 copy, q bf16 in both.
 
     As an engine calls it: plan() once per case, outside the timing (it copies the index arrays to
-    the host, a sync, once per step in an engine), then run() timed. q and the cache are passed as
-    views of their latent (512) and rope (64) parts, no copy; query token i of request b is row
+    the host, a sync, once per step in an engine), then run() timed. q and the cache go in packed
+    (their last dim the 512 latent and 64 rope dims), no copy; query token i of request b is row
     b * s_q + i (qo_indptr), and its causal mask ends s_q - 1 - i tokens before the request's end,
-    as ours. The wrapper takes no cache scale: the fp8 copy's scale multiplies sm_scale (the
-    scores) and the output after the call (P.V), an extra kernel that counts in its time. No lse
-    is asked for (None)."""
+    as ours. The fp8 copy is planned with scale_mode "kv-per-tensor" and run with its scale as
+    ckv_scale and kpe_scale (each value read as stored x scale). No lse is asked for (None)."""
     q, cache, table, lens, causal = case.q, case.k_cache, case.block_table, case.cache_seqlens, case.causal
     batch, s_q, h_q, _ = q.shape
     page = cache.shape[1]
     kv_indptr, kv_indices = flashinfer_pages(table, lens, page)
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * s_q
     rows = q.reshape(batch * s_q, h_q, q.shape[-1])
-    q_nope, q_pe = rows[..., :reference.V_HEAD_DIM], rows[..., reference.V_HEAD_DIM:]
     workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
-    scale = float(scale8)  # once per case, outside the timing
 
-    def wrapper(kv_cache, sm_scale):
+    def wrapper(kv_cache, scale):
         mla = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace)
-        mla.plan(qo_indptr, kv_indptr, kv_indices, lens.int(), h_q, reference.V_HEAD_DIM,
-                 reference.QK_HEAD_DIM - reference.V_HEAD_DIM, page, causal, sm_scale, q.dtype, kv_cache.dtype)
-        latent, rope = kv_cache[:, :, 0, :reference.V_HEAD_DIM], kv_cache[:, :, 0, reference.V_HEAD_DIM:]
-        return lambda: mla.run(q_nope, q_pe, latent, rope).view(batch, s_q, h_q, reference.V_HEAD_DIM)
-    run16 = wrapper(cache, reference.SM_SCALE)
-    run8 = wrapper(cache8, reference.SM_SCALE * scale)
-    return {"FlashInfer bf16": lambda: (run16(), None), "FlashInfer fp8": lambda: (run8().mul_(scale), None)}
+        mla.plan(metadata=flashinfer.mla.MLAPlanMetadata.csr(qo_indptr, kv_indptr, kv_indices, lens.int()),
+                 num_heads=h_q, head_dim_ckv=reference.V_HEAD_DIM,
+                 head_dim_kpe=reference.QK_HEAD_DIM - reference.V_HEAD_DIM, page_size=page, causal=causal,
+                 sm_scale=reference.SM_SCALE, q_data_type=q.dtype, kv_data_type=kv_cache.dtype,
+                 scale_mode="default" if scale is None else "kv-per-tensor")
+        scales = {} if scale is None else {"ckv_scale": scale, "kpe_scale": scale}
+        packed = kv_cache.view(kv_cache.shape[0], page, kv_cache.shape[-1])  # one latent row a token
+        return lambda: mla.run(query=rows, kv_cache=packed, **scales).view(batch, s_q, h_q, reference.V_HEAD_DIM)
+    run16 = wrapper(cache, None)
+    run8 = wrapper(cache8, float(scale8))  # once per case, outside the timing
+    return {"FlashInfer bf16": lambda: (run16(), None), "FlashInfer fp8": lambda: (run8(), None)}
 
 
 def kernel_times(fn, repeats, flush):
@@ -177,11 +178,11 @@ def kernel_times(fn, repeats, flush):
     return statistics.median(times), statistics.mean(times)
 
 
-def split_calls(kernels, repeats, flush_kernels):
-    """Per-call GPU time (us) from a profile of `repeats` x (flush, call): `kernels` the profile's
-    GPU activities as (name, start_us, duration_us), `flush_kernels` the names one flush alone
-    launches, in order. Each call's time is the sum of its own activities' durations (what runs
-    between one flush's activities and the next's); a profile that does not hold `repeats` such
+def split_kernels(kernels, repeats, flush_kernels):
+    """Each call's own GPU activities, as lists of (name, duration_us), from a profile of `repeats` x
+    (flush, call): `kernels` the profile's GPU activities as (name, start_us, duration_us),
+    `flush_kernels` the names one flush alone launches, in order. A call's activities are what runs
+    between one flush's activities and the next's; a profile that does not hold `repeats` such
     flushes is an error, not a guess."""
     kernels = sorted(kernels, key=lambda k: k[1])
     width = len(flush_kernels)
@@ -191,7 +192,29 @@ def split_calls(kernels, repeats, flush_kernels):
         raise RuntimeError(f"expected {repeats} flushes {list(flush_kernels)} opening the profile, "
                            f"found {len(starts)} in {[k[0] for k in kernels][:12]}")
     bounds = starts + [len(kernels)]
-    return [sum(k[2] for k in kernels[bounds[i] + width:bounds[i + 1]]) for i in range(repeats)]
+    return [[(k[0], k[2]) for k in kernels[bounds[i] + width:bounds[i + 1]]] for i in range(repeats)]
+
+
+def split_calls(kernels, repeats, flush_kernels):
+    """Per-call GPU time (us): the sum of each call's own activities' durations (split_kernels)."""
+    return [sum(d for _, d in call) for call in split_kernels(kernels, repeats, flush_kernels)]
+
+
+def kernel_label(name):
+    """A kernel's name without its return type, namespaces, template and parameters: `void
+    flash::fwd_kernel<...>(...)` -> `fwd_kernel`."""
+    return name.split("<")[0].split("(")[0].split()[-1].split("::")[-1]
+
+
+def kernel_parts(calls):
+    """{kernel label: median over the calls of its time in a call (us)}, in the order the kernels
+    first ran: how a provider's GPU time divides between its kernels."""
+    per_call = [{} for _ in calls]
+    for parts, call in zip(per_call, calls, strict=True):
+        for name, duration in call:
+            parts[kernel_label(name)] = parts.get(kernel_label(name), 0.0) + duration
+    labels = list(dict.fromkeys(label for parts in per_call for label in parts))
+    return {label: statistics.median(parts.get(label, 0.0) for parts in per_call) for label in labels}
 
 
 def _gpu_activities(fn):
@@ -205,9 +228,9 @@ def _gpu_activities(fn):
 
 
 def profiler_times(fn, repeats, flush):
-    """(median, mean) in us of the GPU's own time per call (split_calls), each call after a flush.
-    The flush ends in a spin kernel of one cycle, so that a provider's own fill kernel (the
-    flush's kind) cannot pass for a flush."""
+    """(median, mean) in us of the GPU's own time per call (split_calls), each call after a flush,
+    and its kernel_parts. The flush ends in a spin kernel of one cycle, so that a provider's own
+    fill kernel (the flush's kind) cannot pass for a flush."""
     def marked_flush():
         flush()
         torch.cuda._sleep(1)
@@ -218,8 +241,9 @@ def profiler_times(fn, repeats, flush):
             torch.cuda.synchronize()
             marked_flush()
             fn()
-    times = split_calls(_gpu_activities(calls), repeats, flush_kernels)
-    return statistics.median(times), statistics.mean(times)
+    per_call = split_kernels(_gpu_activities(calls), repeats, flush_kernels)
+    times = [sum(d for _, d in call) for call in per_call]
+    return statistics.median(times), statistics.mean(times), kernel_parts(per_call)
 
 
 def host_time(fn, repeats, busy=False):
@@ -327,10 +351,11 @@ def main():
                 rel, lse_err = (float("nan"), None) if exact_out is None else errors(out, lse, exact_out, exact_lse)
                 median, mean = kernel_times(fn, args.repeats, flush)
                 try:
-                    gpu, gpu_mean = profiler_times(fn, args.repeats, flush)
+                    gpu, gpu_mean, parts = profiler_times(fn, args.repeats, flush)
                 except RuntimeError as exc:  # a profile that does not split into the calls: no GPU time
                     print(f"{label}: {name} profiler: {exc}", flush=True)
                     gpu = gpu_mean = float("nan")
+                    parts = {}
                 host = host_time(fn, args.host_repeats)
                 host_busy = host_time(fn, args.host_repeats, busy=True)
             except Exception as exc:  # a peer that cannot take the case: say so, go on
@@ -338,7 +363,7 @@ def main():
                 continue
             row = {"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "long": long, "causal": causal,
                    "provider": name, "median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean,
-                   "host_us": host, "host_busy_us": host_busy,
+                   "host_us": host, "host_busy_us": host_busy, "kernels_us": parts,
                    "rel_l2": rel,
                    "lse_err": lse_err, "tokens": tokens,
                    "tflops": 2 * tokens * s_q * h_q * (576 + 512) / median / 1e6,
@@ -347,7 +372,8 @@ def main():
             print(f"{label} {name:14s} {median:9.1f} us (mean {mean:9.1f}) "
                   f"gpu {gpu:9.1f}  host {host:6.1f} / busy {host_busy:5.1f} us  {row['tflops']:6.1f} TFLOPS  "
                   f"{row['bf16_tb_s']:5.2f} TB/s(bf16)  "
-                  f"rel {rel:.2e}" + (f"  lse {lse_err:.1e}" if lse_err is not None else ""), flush=True)
+                  f"rel {rel:.2e}" + (f"  lse {lse_err:.1e}" if lse_err is not None else "")
+                  + "  [" + " + ".join(f"{k} {v:.1f}" for k, v in parts.items()) + "]", flush=True)
         del case, exact_out, exact_lse
         torch.cuda.empty_cache()
     print_summary(rows)

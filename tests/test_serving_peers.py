@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import reference
-from bench.serving_peers import errors, flashinfer_calls, flashinfer_pages, fp8_copy, grid_cases, split_calls, within
+from bench.serving_peers import (errors, flashinfer_calls, flashinfer_pages, fp8_copy, grid_cases, kernel_label,
+                                 kernel_parts, split_calls, split_kernels, within)
 import flashinfer_double
 
 FLUSH = ["fill"]
@@ -14,6 +15,21 @@ def test_each_call_sums_its_own_kernels_between_flushes():
     kernels = [("fill", 0, 50), ("split", 60, 10), ("combine", 75, 2),
                ("fill", 100, 50), ("split", 160, 12), ("combine", 175, 3)]
     assert split_calls(kernels, 2, FLUSH) == [12, 15]
+
+
+def test_each_calls_kernels_are_named_and_summed_per_kernel():
+    kernels = [("fill", 0, 50), ("void ns::decode_kernel<64, true>(Params)", 60, 10), ("_mla_combine_kernel", 75, 2),
+               ("fill", 100, 50), ("void ns::decode_kernel<64, true>(Params)", 160, 12), ("fill", 200, 50),
+               ("void ns::decode_kernel<64, true>(Params)", 260, 11), ("_mla_combine_kernel", 275, 4),
+               ("_mla_combine_kernel", 280, 1)]
+    calls = split_kernels(kernels, 3, FLUSH)
+    assert [len(c) for c in calls] == [2, 1, 3]
+    # the combine ran in two calls of three (2 and 4 + 1 us): its median is 2; decode's 11
+    assert kernel_parts(calls) == {"decode_kernel": 11, "_mla_combine_kernel": 2}
+    assert list(kernel_parts(calls)) == ["decode_kernel", "_mla_combine_kernel"]  # the order they ran in
+    assert kernel_label("void flash::flash_fwd_splitkv_mla_kernel<Traits, true>(Params const&)") == \
+        "flash_fwd_splitkv_mla_kernel"
+    assert kernel_label("_mla_decode_seesaw_kernel") == "_mla_decode_seesaw_kernel"
 
 
 def test_activities_are_ordered_by_start_first():
@@ -91,12 +107,40 @@ def test_flashinfer_pages_list_each_requests_used_blocks_in_order():
     assert kv_indptr.dtype == kv_indices.dtype == torch.int32
 
 
-def test_the_double_rejects_a_page_list_that_does_not_hold_the_lengths():
+def double_plan(kv_pages=1, kv_dtype=torch.bfloat16, scale_mode="default"):
     wrapper = flashinfer_double.mla.BatchMLAPagedAttentionWrapper(torch.empty(16, dtype=torch.uint8))
     index = dict(dtype=torch.int32)
+    metadata = flashinfer_double.MLAPlanMetadata.csr(
+        torch.tensor([0, 1], **index), torch.tensor([0, kv_pages], **index), torch.tensor([5] * kv_pages, **index),
+        torch.tensor([40], **index))
+    wrapper.plan(metadata=metadata, num_heads=4, head_dim_ckv=512, head_dim_kpe=64, page_size=16, causal=False,
+                 sm_scale=0.1, q_data_type=torch.bfloat16, kv_data_type=kv_dtype, scale_mode=scale_mode)
+    return wrapper
+
+
+def test_the_double_rejects_a_page_list_that_does_not_hold_the_lengths():
     with pytest.raises(ValueError, match="kv_indptr"):
-        wrapper.plan(torch.tensor([0, 1], **index), torch.tensor([0, 1], **index), torch.tensor([5], **index),
-                     torch.tensor([40], **index), 4, 512, 64, 16, False, 0.1, torch.bfloat16, torch.bfloat16)
+        double_plan(kv_pages=1)  # 40 tokens on pages of 16: 3 pages
+    double_plan(kv_pages=3)
+
+
+def test_the_double_holds_the_fp8_cache_to_its_scale_mode_and_scales():
+    with pytest.raises(ValueError, match="scale_mode"):
+        double_plan(kv_pages=3, kv_dtype=torch.float8_e4m3fn)  # FlashInfer 0.7.4 refuses fp8 at "default"
+    with pytest.raises(ValueError, match="scale_mode"):
+        double_plan(kv_pages=3, scale_mode="kv-per-tensor")  # and a bf16 cache with scales
+    wrapper = double_plan(kv_pages=3, kv_dtype=torch.float8_e4m3fn, scale_mode="kv-per-tensor")
+    query = torch.zeros(1, 4, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(6, 16, 576).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="ckv_scale"):
+        wrapper.run(query=query, kv_cache=cache)
+    with pytest.raises(ValueError, match="ckv_scale"):
+        wrapper.run(query=query, kv_cache=cache, ckv_scale=0.5, kpe_scale=float("nan"))
+    with pytest.raises(ValueError, match="kv_cache"):
+        wrapper.run(query=query, kv_cache=(cache[..., :512], cache[..., 512:]), ckv_scale=0.5, kpe_scale=0.5)
+    assert wrapper.run(query=query, kv_cache=cache, ckv_scale=0.5, kpe_scale=0.5).shape == (1, 4, 512)
+    with pytest.raises(TypeError):  # the deprecated positional form is not modelled
+        wrapper.run(query, cache)
 
 
 def test_grid_s_is_the_long_request_among_short_ones():
