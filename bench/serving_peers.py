@@ -195,9 +195,14 @@ def split_kernels(kernels, repeats, flush_kernels):
     return [[(k[0], k[2]) for k in kernels[bounds[i] + width:bounds[i + 1]]] for i in range(repeats)]
 
 
+def call_times(calls):
+    """Each call's GPU time (us): the sum of its own activities' durations."""
+    return [sum(duration for _, duration in call) for call in calls]
+
+
 def split_calls(kernels, repeats, flush_kernels):
-    """Per-call GPU time (us): the sum of each call's own activities' durations (split_kernels)."""
-    return [sum(d for _, d in call) for call in split_kernels(kernels, repeats, flush_kernels)]
+    """Per-call GPU time (us) from a profile (split_kernels, call_times)."""
+    return call_times(split_kernels(kernels, repeats, flush_kernels))
 
 
 def kernel_label(name):
@@ -212,7 +217,8 @@ def kernel_parts(calls):
     per_call = [{} for _ in calls]
     for parts, call in zip(per_call, calls, strict=True):
         for name, duration in call:
-            parts[kernel_label(name)] = parts.get(kernel_label(name), 0.0) + duration
+            label = kernel_label(name)
+            parts[label] = parts.get(label, 0.0) + duration
     labels = list(dict.fromkeys(label for parts in per_call for label in parts))
     return {label: statistics.median(parts.get(label, 0.0) for parts in per_call) for label in labels}
 
@@ -228,8 +234,8 @@ def _gpu_activities(fn):
 
 
 def profiler_times(fn, repeats, flush):
-    """(median, mean) in us of the GPU's own time per call (split_calls), each call after a flush,
-    and its kernel_parts. The flush ends in a spin kernel of one cycle, so that a provider's own
+    """(median, mean) in us of the GPU's own time per call (split_kernels, call_times), each call
+    after a flush, and its kernel_parts. The flush ends in a spin kernel of one cycle, so that a provider's own
     fill kernel (the flush's kind) cannot pass for a flush."""
     def marked_flush():
         flush()
@@ -242,7 +248,7 @@ def profiler_times(fn, repeats, flush):
             marked_flush()
             fn()
     per_call = split_kernels(_gpu_activities(calls), repeats, flush_kernels)
-    times = [sum(d for _, d in call) for call in per_call]
+    times = call_times(per_call)
     return statistics.median(times), statistics.mean(times), kernel_parts(per_call)
 
 

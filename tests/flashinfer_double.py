@@ -87,13 +87,13 @@ class BatchMLAPagedAttentionWrapper:
         elif scales != (None, None):
             raise ValueError("ckv_scale, kpe_scale: for an fp8 cache only")
         rows = p.qo[-1]
-        pages = kv_cache.shape[0] if isinstance(kv_cache, torch.Tensor) else -1
+        num_pages = kv_cache.shape[0] if isinstance(kv_cache, torch.Tensor) else -1
         for name, value, shape, dtype in (("query", query, (rows, p.heads, 576), p.q_dtype),
-                                          ("kv_cache", kv_cache, (pages, p.page, 576), p.kv_dtype)):
+                                          ("kv_cache", kv_cache, (num_pages, p.page, 576), p.kv_dtype)):
             if (not isinstance(value, torch.Tensor) or tuple(value.shape) != shape or value.dtype != dtype
                     or value.stride(-1) != 1):
-                raise ValueError(f"{name}: a packed tensor {shape} {dtype} with its last dim contiguous, got "
-                                 f"{value if not isinstance(value, torch.Tensor) else (value.shape, value.dtype)}")
+                got = (tuple(value.shape), value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(f"{name}: a packed tensor {shape} {dtype} with its last dim contiguous, got {got}")
         q = query.double()
         cache = kv_cache.double()
         if p.kv_dtype == FP8:
