@@ -72,3 +72,16 @@ def test_the_summary_converts_cycles_to_time_per_segment_and_per_pair():
     assert per["P.V"].tolist() == [475.0, 475.0]  # 7,600 cycles = 3.8 us over 8 pairs
     assert per["other"].tolist() == [pytest.approx(10 - 9.4)] * 2  # q, loops, epilogue: 18,800 of 20,000 cycles
     assert per["loader free wait"].tolist() == [0.5]
+
+
+def test_program_ends_are_fitted_over_their_segments():
+    trace = torch.zeros(8, seesaw_trace.SLOTS, dtype=torch.float64)
+    # records: start ns, end ns, live segments (slot 13); the first start at 1,000 ns; ends at
+    # 30 us + 11 us a segment after it, one record 2 us late; one record that ran with no live segment
+    for row, (segments, late) in enumerate([(1, 0), (2, 0), (3, 0), (3, 2), (5, 0)]):
+        trace[row, 0], trace[row, 13] = 1000 + 100 * row, segments
+        trace[row, 1] = 1000 + (30 + 11 * segments + late) * 1000
+    trace[5, :2], trace[5, 13] = torch.tensor([900.0, 5000.0]), 0  # ran first, no live segment: not fitted
+    by_count, slope, at_zero = seesaw_trace.ends_by_segments(trace)
+    assert by_count == {1: pytest.approx(41.1), 2: pytest.approx(52.1), 3: pytest.approx(63.1), 5: pytest.approx(85.1)}
+    assert slope == pytest.approx(11.0, abs=0.3) and at_zero == pytest.approx(30.5, abs=1.0)

@@ -27,7 +27,9 @@ warpgroup start to last end) and how late the last program starts; per warpgroup
 programs that had work and over repeats) the time in each phase, per segment for q and the
 epilogue, per pair of tiles for the loop's phases; segments and pairs per program; and the
 loader's share of its time spent waiting for a free slot (high: the ring is full, the compute is
-what limits). Checked first against float64 attention (rel. L2 of out).
+what limits); and when programs end against the live segments they ran (the median end per
+count, and a line through them: the time a segment costs beyond its tiles, and the rest; NOTES.md
+h80's model of the fixed part). Checked first against float64 attention (rel. L2 of out).
 """
 import argparse
 import os
@@ -152,6 +154,23 @@ def summarise(trace):
     return out, float(trace[ran, 0].min()), float(trace[ran, 1].max()), float(trace[ran, 0].max())
 
 
+def ends_by_segments(trace):
+    """When programs end against how many live segments they ran (NOTES.md h80's model: a time
+    once, and a time a segment on top of the tiles, the same for every program of a span
+    schedule): {segments: median end, us after the first program's start} over the records that
+    ran a live segment, and the least-squares slope of end over segments (us a segment) with its
+    value at 0 segments (us)."""
+    ran = trace[:, 1] > 0
+    rows = trace[ran & (trace[:, 13] > 0)]
+    end = (rows[:, 1] - trace[ran, 0].min()) / 1e3
+    segments = rows[:, 13]
+    by_count = {int(n): float(end[segments == n].median()) for n in segments.unique().tolist()}
+    centred = segments - segments.mean()
+    spread = float((centred ** 2).sum())
+    slope = float((centred * (end - end.mean())).sum()) / spread if spread > 0 else float("nan")
+    return by_count, slope, float(end.mean()) - slope * float(segments.mean())
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="128x128x1x4096,128x128x1x16384,128x128x2x4096,128x128x1x256")
@@ -185,12 +204,17 @@ def main():
 
             def plain_call(plan=plain_plan, call=call):
                 return call(plan=plan, module=submission)
-            events, plain, spans, late, stats = [], [], [], [], {}
+            events, plain, spans, late, stats, fits, by_count = [], [], [], [], {}, [], {}
             for _ in range(args.repeats):
                 plain.append(utils.time_call(plain_call, flush=flush)[1] / 1e3)
                 module.TRACE_BUFFER.zero_()
                 events.append(utils.time_call(call, flush=flush)[1] / 1e3)
-                per, begin, end, last = summarise(module.TRACE_BUFFER.view(RECORDS, SLOTS).cpu().double())
+                trace = module.TRACE_BUFFER.view(RECORDS, SLOTS).cpu().double()
+                per, begin, end, last = summarise(trace)
+                counts, slope, at_zero = ends_by_segments(trace)
+                fits.append((slope, at_zero))
+                for n, value in counts.items():
+                    by_count.setdefault(n, []).append(value)
                 spans.append((end - begin) / 1e3)
                 late.append((last - begin) / 1e3)
                 for name, values in per.items():
@@ -204,6 +228,10 @@ def main():
                   f"{median(stats['loader free wait']):.2f}", flush=True)
             print("    us a warpgroup, median: " + ", ".join(
                 f"{name} {median(stats[name + ' (us)']):.1f}" for name in PHASES), flush=True)
+            print("    end by live segments (us after the first start): " + ", ".join(
+                f"{n}: {median(v):.1f}" for n, v in sorted(by_count.items())) + f"; a segment "
+                f"{median([f[0] for f in fits]):.1f} us, at 0 segments {median([f[1] for f in fits]):.1f} us",
+                flush=True)
             del case, out, exact
             torch.cuda.empty_cache()
 
