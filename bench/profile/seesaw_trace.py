@@ -42,6 +42,7 @@ import torch  # noqa: E402
 import reference  # noqa: E402
 import submission  # noqa: E402
 import utils  # noqa: E402
+from bench.profile.length_fit import fit_line  # noqa: E402
 from bench.profile.trace_probe import insert, load_instrumented, median  # noqa: E402
 
 SLOTS = 16  # int64 per (program, compute warpgroup) record
@@ -165,10 +166,10 @@ def ends_by_segments(trace):
     end = (rows[:, 1] - trace[ran, 0].min()) / 1e3
     segments = rows[:, 13]
     by_count = {int(n): float(end[segments == n].median()) for n in segments.unique().tolist()}
-    centred = segments - segments.mean()
-    spread = float((centred ** 2).sum())
-    slope = float((centred * (end - end.mean())).sum()) / spread if spread > 0 else float("nan")
-    return by_count, slope, float(end.mean()) - slope * float(segments.mean())
+    if len(by_count) < 2:  # one count: no line
+        return by_count, float("nan"), float("nan")
+    at_zero, slope, _ = fit_line(segments.tolist(), end.tolist())
+    return by_count, slope, at_zero
 
 
 def main():
