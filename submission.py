@@ -3641,7 +3641,11 @@ def aiter_a16w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_
 #   mla_reduce_v1 with expf / logf): no conversion. The non-persistent mla_decode_fwd returns
 #   stage 1's own lse when fp8 q runs one split (every aiter); its Triton stage 2 writes the
 #   merged lse only from c849fd5845 (2026-04-16) on, with return_lse=True (f3be04a12 returns an
-#   unwritten torch.empty): "decode_lse" in AITER_SERVING_CAPABILITIES;
+#   unwritten torch.empty): "decode_lse" in AITER_SERVING_CAPABILITIES; and only where it merges:
+#   with one split for the whole batch (num_kv_splits_indptr[bs] == bs) at any head count but 8 and
+#   16 its copy-only branch copies stage 1's output and writes no lse (aiter/mla.py at e4048607a,
+#   lines 618-621, 230-246, 274-278), and non-persistent stage 1 runs no lse build (asm_mla.cu 998),
+#   so aiter_serving_bf16 passes a split count of at least 2;
 # - a request without tokens has no defined result in aiter's kernels (0 / 0), and aiter checks
 #   no block ids: both are settled here on the GPU after the call (aiter_serving_fix), no sync.
 # The persistent a8w8 path (metadata, stage 1 over the work plan, mla_reduce_v1) is served where
@@ -3689,9 +3693,10 @@ class AiterServingBuffers:
     kv_indptr[-1] hold 0, a row that exists), kv_last_page_lens (ones: pages of one token),
     positions = arange(batch x capacity), and a float32 (1,) k_scale for a Python-float scale.
     The persistent route adds its work plan (PersistentPlan) and its (batch, heads) float32 lse
-    at its first call (`persistent`, `final_lse`; None before)."""
+    at its first call (`persistent`, `final_lse`; None before), the bf16 route its split indptr
+    (`split_indptr`; None before)."""
     __slots__ = ("capacity", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_lens",
-                 "positions", "k_scale", "persistent", "final_lse")
+                 "positions", "k_scale", "persistent", "final_lse", "split_indptr")
 
     def __init__(self, batch, capacity, device):
         int32 = {"dtype": torch.int32, "device": device}
@@ -3702,7 +3707,7 @@ class AiterServingBuffers:
         self.kv_last_page_lens = torch.ones(batch, **int32)
         self.positions = torch.arange(batch * capacity, **int32)
         self.k_scale = torch.ones(1, dtype=torch.float32, device=device)
-        self.persistent = self.final_lse = None
+        self.persistent = self.final_lse = self.split_indptr = None
 
 
 def aiter_serving_csr(buffers, block_table, cache_seqlens, num_blocks, page_size, min_length=0):
@@ -3762,15 +3767,23 @@ def aiter_serving_fp8(q_rows, kv_rows, out_rows, csr, kv_indices, softmax_scale,
 def aiter_serving_bf16(q_rows, kv_rows, out_rows, csr, kv_indices, softmax_scale, kv_scale):
     """bf16 cache: mla_decode_fwd with bf16 q as given (aiter's non-persistent a16w16 kernel of
     the head count: mla_dec_stage1_bf16_a16w16_subQ16_mqa16, mla_a16w16_qh64_qseqlen1_gqaratio64_v3,
-    mla_dec_stage1_bf16_a16w16_subQ128_mqa128; at these three aiter's Triton stage 2 runs for any
-    split count, so its lse is written; not 8 / 32 heads, whose one-split shortcut returns an lse
-    no kernel writes), aiter choosing the splits from the shapes, never
-    from the lengths: total_kv is kv_indices' fixed size), return_lse=True for stage 2's merged
-    lse ("decode_lse")."""
+    mla_dec_stage1_bf16_a16w16_subQ128_mqa128; not 8 / 32 heads, whose one-split shortcut returns
+    an lse no kernel writes), return_lse=True for stage 2's merged lse ("decode_lse"). The split
+    count is this file's, passed with its indptr (aiter then runs it as given: aiter/mla.py lines
+    594-597 at e4048607a): one (request, split) per CU, within the 1..16 aiter's own choice takes
+    (lines 305-343), and at least 2, so that stage 2 merges and writes the lse at every head count
+    (with one split it writes none at 64 and 128 heads, and aiter's own choice is one split for
+    large batches)."""
     del kv_scale
+    rows = q_rows.shape[0]
+    cus = SERVING_CPU_PROGRAMS if q_rows.device.type == "cpu" else sm_count(q_rows.device)
+    splits = max(2, min(16, triton.cdiv(cus, rows)))
+    if csr.split_indptr is None:  # arange(0, (rows + 1) * splits, splits): aiter's own form
+        csr.split_indptr = csr.qo_indptr * splits
     _, lse = mla_decode_fwd(q_rows, kv_rows, out_rows, csr.qo_indptr, csr.kv_indptr, kv_indices,
                             csr.kv_last_page_lens, 1, page_size=1, nhead_kv=NUM_KV_HEADS,
-                            sm_scale=softmax_scale, return_lse=True)
+                            sm_scale=softmax_scale, num_kv_splits=splits,
+                            num_kv_splits_indptr=csr.split_indptr, return_lse=True)
     return lse
 
 

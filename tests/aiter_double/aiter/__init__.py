@@ -30,9 +30,11 @@ what differs below them; aliases: the commits and release tags, e.g. "f3be04a12"
   product must refuse it and fall back to its portable routes.
 Below the API (_double.FEATURES): the info's split-cap sizing, stage 1's lse kernels, the lse
 the non-persistent mla_decode_fwd returns (unwritten, NaN, up to 2026-03-16; merged from
-2026-06-11 on; stage 1's own for fp8 q with one split on every generation), and the head counts
-of the persistent fp8 decode for one query token (16 / 128 up to 2026-03-16; 16 / 64 / 128 at
-2026-06-11; also 32 from 2026-06-26; 64 on another kernel from 2026-08-10).
+2026-06-11 on, except from stage 2's copy-only branch, taken at one split at 64 / 128 heads,
+which writes none; stage 1's own for fp8 q with one split on every generation; the split count
+from aiter's get_meta_param when the caller passes none; memory no kernel writes is NaN), and the
+head counts of the persistent fp8 decode for one query token (16 / 128 up to 2026-03-16; 16 / 64 /
+128 at 2026-06-11; also 32 from 2026-06-26; 64 on another kernel from 2026-08-10).
 A parameter the double does not model (the context-parallel ones, is_cp_round_robin,
 mla_version, valid_split_count) must hold its default; values reach the double's checks by
 parameter name, so a value on the wrong parameter fails.

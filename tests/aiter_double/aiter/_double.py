@@ -55,6 +55,12 @@ persistent fp8 path plans and runs for q length 1 (FEATURES["persistent_table"]:
 also 64 and 128 heads, from c2f68ab382 32; the head remap onto other kernels is asm_mla.cu's, by
 head count and q length; NOTES.md h47). Every lse is a natural log.
 
+The non-persistent mla_decode_fwd (decode_fwd) runs as aiter does at q length 1: aiter's own split
+count where the caller passes none (meta_param: aiter/mla.py's get_meta_param over the CU count and
+kv_indices' length), stage 1's partials, then the one-split shortcut or aiter's Triton stage 2,
+whose copy-only branch (one split, 64 / 128 heads) writes o and no lse. Memory aiter allocates and
+no kernel writes is NaN, so that a caller reading it fails.
+
 Page mode (AITER_DOUBLE_PAGE_MODE, or set_page_mode): "exact" (default) reads every row of every
 page. "first_token" behaves like the suspected fp8 persistent kernel for q length 1 (runner.md
 section 5): with page_size > 1 it reads only the first row of each page.
@@ -90,8 +96,10 @@ PAGE_MODES = ("exact", "first_token")
 #   Triton stage 2 merges the splits (every call but fp8 q with one split). "unwritten": the
 #   tensor is allocated and never written (f3be04a12's aiter/mla.py: final_lse = torch.empty,
 #   returned as is); "written": with return_lse=True stage 2 writes the merged natural-log lse
-#   (HAS_FINAL_LSE, c849fd5845, 2026-04-16 on), without it None. Either way, fp8 q with one
-#   split returns stage 1's own lse tensor (total_q, 1, heads, 1) (aiter returns attn_lse there).
+#   (HAS_FINAL_LSE, c849fd5845, 2026-04-16 on), without it None; not in stage 2's copy-only
+#   branch (one split at a head count other than 16, or 8 and 16 later: aiter/mla.py's FINAL_OUT),
+#   which writes no lse on any generation. Either way, fp8 q with one split returns stage 1's own
+#   lse tensor (total_q, 1, heads, 1) (aiter returns attn_lse there).
 # - "kernel_table": the non-persistent decode kernels (mla_asm.csv and asm_mla.cu's branches) and
 #   mla_decode_fwd's one-split shortcut. "f3be04a12": fp8 q at 16 / 128 heads (32: aiter's
 #   "decode_qlen=4 in persistent mode" check; 8, 64: no kernel), bf16 at 16 / 32 / 64 / 128, and
@@ -880,10 +888,64 @@ def reduce(partial_output, partial_lse, reduce_indptr, reduce_final_map, reduce_
 # mla_decode_fwd's non-persistent mode (its persistent mode is in mla.py: it calls the two ops)
 
 
-def default_num_kv_splits(batch, total_kv):
-    """The double's stand-in for aiter's heuristic (it fills the CUs, capped at 16)."""
-    avg = max(1, total_kv // max(1, batch))
-    return max(1, min(16, -(-NUM_CU // batch), -(-avg // 64)))
+# aiter's fp8 decode block per query row count (get_meta_param's get_block_n_fp8), for the counts
+# the double's fp8 kernels reach: 8 (later kernel table only), 16, 128 heads at q length 1
+FP8_MIN_BLOCK_N = {8: 64, 16: 128, 128: 32}
+
+
+def meta_param(num_kv_splits, bs, total_kv, nhead, max_seqlen_q, dtype):
+    """aiter's get_meta_param on gfx950 (aiter/mla.py: 16e9b5a07 lines 101-141, e4048607a lines
+    282-375): the split count mla_decode_fwd's non-persistent mode runs when the caller passes no
+    num_kv_splits or no num_kv_splits_indptr. Without a count: the i in 1..16 that maximises
+    bs * i / (bs * i rounded up to a multiple of the CU count) * avg / (avg + 84.1 * i), avg =
+    total_kv / bs, the smallest i on a tie (sorted(..., reverse=True)[0] up to 2026-07, max() on
+    e4048607a: both keep the first). total_kv is kv_indices' length (mla.py: 16e9b5a07 line 184,
+    e4048607a line 572), not the tokens used. fp8 q: at most ceil(avg / min_block_n); from
+    ea18155d27 (2026-03-23; the later kernel table's generations) also, above one split, at most
+    |avg - max_seqlen_q| // min_block_n + 1. Returns the count (the indptr is arange(0, (bs + 1)
+    * n, n), which the caller's must equal)."""
+    later = FEATURES["kernel_table"] == "e4048607a"
+    if num_kv_splits is None:
+        avg = total_kv / bs
+        scores = [(bs * i / (-(-(bs * i) // NUM_CU) * NUM_CU) * avg / (avg + 84.1 * i), i)
+                  for i in range(1, 17)]
+        num_kv_splits = max(scores, key=lambda score: score[0])[1]
+    if dtype in FP8_DTYPES:
+        block = FP8_MIN_BLOCK_N[nhead * max_seqlen_q]
+        if later:
+            num_kv_splits = min(num_kv_splits, -(-total_kv // (bs * block)))
+            if num_kv_splits > 1:
+                num_kv_splits = min(num_kv_splits,
+                                    int(abs(total_kv / bs - max_seqlen_q) // block) + 1)
+        else:
+            num_kv_splits = min(num_kv_splits, int(total_kv / bs + block - 1) // block)
+    return num_kv_splits
+
+
+def stage2_granule(heads, q_dtype, kv_dtype):
+    """mgc, the KV rows per granule aiter's stage 2 counts a request's splits in (it merges
+    min(splits, ceil(length / mgc)) of them), at q length 1 (aiter/mla.py: 16e9b5a07 line 196,
+    e4048607a lines 598-616): 64 at 16 heads (and 8 later), 32 later at 128 heads fp8 / fp8 and
+    64 heads bf16 / bf16, else 16."""
+    later = FEATURES["kernel_table"] == "e4048607a"
+    if heads in ((8, 16) if later else (16,)):
+        return 64
+    fp8_pair = q_dtype in FP8_DTYPES and kv_dtype in FP8_DTYPES
+    bf16_pair = q_dtype == kv_dtype == torch.bfloat16
+    if later and ((heads == 128 and fp8_pair) or (heads == 64 and bf16_pair)):
+        return 32
+    return 16
+
+
+def stage1_splits(rows, num_kv_splits, granule):
+    """How the double's stage 1 cuts one request's KV rows: whole granules spread evenly over the
+    first min(num_kv_splits, granules) splits, none of them empty; the other splits are not
+    written. Where the kernel cuts is in its binary; this cut is one stage 2's count (above)
+    reads completely."""
+    granules = -(-rows.numel() // granule)
+    used = min(num_kv_splits, granules)
+    return [rows[(s * granules // used) * granule:((s + 1) * granules // used) * granule]
+            for s in range(used)]
 
 
 def decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens,
@@ -906,8 +968,21 @@ def decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_l
 def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
                page_size, nhead_kv, sm_scale, logit_cap, num_kv_splits, num_kv_splits_indptr,
                q_scale, kv_scale, return_lse):
-    """Non-persistent mla_decode_fwd: splits of each batch's rows, merged like aiter's stage 2;
-    with fp8 q and one split stage 1 writes o itself (no reduce launch)."""
+    """Non-persistent mla_decode_fwd as aiter runs it at q length 1: the split count (the
+    caller's, with its indptr, else meta_param's), stage 1 writing each split's partial and lse
+    (stage1_splits; a request without KV: its split 0 holds 0 / 0, out NaN, lse -inf), then
+    - the one-split shortcut (no stage 2): o is stage 1's output (fp8 q; bf16 at 32 / 64 heads on
+      f3be04a12, whose o stays unwritten, 8 / 32 later);
+    - else aiter's Triton stage 2 (_fwd_kernel_stage2_asm). Its copy-only branch (FINAL_OUT:
+      MAYBE_FINAL_OUT, False only at 16 heads, 8 too later, and num_kv_splits_indptr[bs] == bs,
+      i.e. one split) copies stage 1's output into o and writes no lse; otherwise it merges the
+      first min(splits, ceil(length / mgc)) splits into o and, with return_lse where
+      FEATURES["decode_lse"] is "written", the merged lse (aiter/mla.py at e4048607a: the kernel
+      lines 176-278, FINAL_OUT 230, the copy 233-246, the lse 274-278; mla_decode_fwd 593-755;
+      at 16e9b5a07: lines 18-98, no lse at all, 190-282).
+    Memory aiter allocates with torch.empty and no kernel writes (partials of splits stage 1 left
+    alone, the lse of the copy-only branch and of the shortcut with return_lse, f3be04a12's
+    final_lse) is NaN here, so a caller that reads it fails."""
     fn = "mla_decode_fwd"
     CALLS[fn] += 1
     sm_scale, kernel = decode_fwd_check(fn, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices,
@@ -919,10 +994,12 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
                                    kv_buffer.shape[0], page_size)
     qo = qo_indptr.tolist()
     expect(qo[-1] == total_q, f"{fn}: qo_indptr[-1] = {qo[-1]} but q has {total_q} rows")
+    heads = q.shape[1]
 
     if num_kv_splits is None or num_kv_splits_indptr is None:
         CALLS[fn + ":derived_splits"] += 1
-        num_kv_splits = default_num_kv_splits(batch, kv_buffer.shape[0] * page_size)
+        num_kv_splits = meta_param(num_kv_splits, batch, kv_indices.shape[0], heads,
+                                   max_seqlen_q, q.dtype)
     else:
         need_int(fn, "num_kv_splits", num_kv_splits, 1)
         need_tensor(fn, "num_kv_splits_indptr", num_kv_splits_indptr, dtype=torch.int32,
@@ -930,43 +1007,44 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
         expect(num_kv_splits_indptr.tolist() == [b * num_kv_splits for b in range(batch + 1)],
                f"{fn}: num_kv_splits_indptr must be arange(0, (bs + 1) * n, n), "
                "n = num_kv_splits")
-    heads = q.shape[1]
     bf16_pair = q.dtype == kv_buffer.dtype == torch.bfloat16
     later = FEATURES["kernel_table"] == "e4048607a"
     # aiter's one-split shortcut (no stage 2): fp8 q everywhere; bf16 at 32 / 64 heads
     # (f3be04a12: output in a float32 partial, o not written) or 8 / 32 (e4048607a: o written)
     shortcut = num_kv_splits == 1 and (
         q.dtype in FP8_DTYPES or (bf16_pair and heads in ((8, 32) if later else (32, 64))))
+    # stage 2's copy-only branch: MAYBE_FINAL_OUT and num_kv_splits_indptr[bs] == bs (the
+    # indptr is arange(0, (bs + 1) * n, n) here, so: one split)
+    copy_only = (not shortcut and num_kv_splits == 1
+                 and heads not in ((8, 16) if later else (16,)))
+    granule = stage2_granule(heads, q.dtype, kv_buffer.dtype)
     LOG.append((fn, {"page_size": page_size, "batch": batch, "num_kv_splits": num_kv_splits,
-                     "direct": shortcut, "persistent": False, "kernel": kernel, "heads": heads}))
+                     "direct": shortcut, "copy_only": copy_only, "persistent": False,
+                     "kernel": kernel, "heads": heads}))
 
     qf = dequantize(q, q_scale)
     kv_rows = dequantize(kv_buffer, kv_scale).reshape(-1, QK_HEAD_DIM)
-    logits = torch.zeros(total_q, num_kv_splits, heads, V_HEAD_DIM, dtype=torch.float32,
-                         device=q.device)
-    lses = torch.full((total_q, num_kv_splits, heads, 1), -math.inf, dtype=torch.float32,
+    logits = torch.full((total_q, num_kv_splits, heads, V_HEAD_DIM), math.nan,
+                        dtype=torch.float32, device=q.device)
+    lses = torch.full((total_q, num_kv_splits, heads, 1), math.nan, dtype=torch.float32,
                       device=q.device)
+    merged = []  # per batch: the splits stage 2 merges, min(splits, ceil(length / mgc))
     for b in range(batch):
         tail = None if last is None else last[b]
         rows = token_rows(kv_indices, pages[b], pages[b + 1], page_size, tail)
-        step = -(-rows.numel() // num_kv_splits)
-        for split in range(num_kv_splits):
-            part = rows[split * step:(split + 1) * step]
-            if part.numel() == 0:
-                continue
-            for t in range(qo[b], qo[b + 1]):
+        parts = stage1_splits(rows, num_kv_splits, granule)
+        merged.append(len(parts))
+        for t in range(qo[b], qo[b + 1]):
+            if not parts:  # no KV: the kernel's 0 / 0
+                logits[t, 0], lses[t, 0] = math.nan, -math.inf
+            for split, part in enumerate(parts):
                 out, row_lse = attend(qf[t], kv_rows[part], sm_scale)
                 logits[t, split] = out
                 lses[t, split, :, 0] = row_lse
-    if not shortcut:
-        CALLS[fn + ":reduce"] += 1
     if shortcut and bf16_pair and not later:  # f3be04a12 returns the float32 partial
         return logits.view(total_q, heads, V_HEAD_DIM).clone(), lses.clone()
-    for t in range(total_q):
-        o[t] = combine(logits[t], lses[t, :, :, 0]).to(o.dtype)
-    # What comes back as the lse (FEATURES["decode_lse"]); every lse here is a natural log, as
-    # aiter's stage 2 (tl.exp) and mla_reduce_v1 (expf / logf) combine them. A batch without KV
-    # gets no defined value from the kernels: the double gives it out NaN (0 / 0), lse -inf.
+    if shortcut or copy_only:  # stage 1's output (bf16: out_16_nosplit), as is or copied
+        o.copy_(logits[:, 0].to(o.dtype))
     if shortcut:
         # aiter: `return logits.view(total_s, nhead, v_head_dim), attn_lse` (stage 1's own lse);
         # from 2026-04-16 on `final_lse if return_lse else attn_lse`, and no non-persistent fp8
@@ -974,10 +1052,24 @@ def decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_l
         if return_lse and FEATURES["decode_lse"] == "written":
             return o, unwritten(total_q, heads, q.device)
         return o, lses.clone()
+    CALLS[fn + ":reduce"] += 1
+    # What comes back as the lse (FEATURES["decode_lse"]); every lse here is a natural log, as
+    # aiter's stage 2 (tl.exp) and mla_reduce_v1 (expf / logf) combine them. A request without KV
+    # merges no split: out 0 / 0 (NaN), lse -inf + log(0) (-inf).
+    final_lse = unwritten(total_q, heads, q.device)
+    for b in range(batch):
+        for t in range(qo[b], qo[b + 1]):
+            if copy_only:
+                continue
+            count = merged[b]
+            if count == 0:
+                o[t], final_lse[t] = math.nan, -math.inf
+                continue
+            o[t] = combine(logits[t, :count], lses[t, :count, :, 0]).to(o.dtype)
+            final_lse[t] = torch.logsumexp(lses[t, :count, :, 0], dim=0)
     if FEATURES["decode_lse"] == "unwritten":
         return logits, unwritten(total_q, heads, q.device)  # f3be04a12: torch.empty, never written
-    final_lse = torch.logsumexp(lses[:, :, :, 0], dim=1) if return_lse else None
-    return logits, final_lse
+    return logits, final_lse if return_lse else None
 
 
 def unwritten(rows, heads, device):
