@@ -236,7 +236,8 @@ def run_benchmark_case(sub, args: dict, *, recheck: bool, max_repeats: int, max_
         if not ok:
             return message
         del output, check_copy
-    if flusher is None:
+    own_flusher = flusher is None
+    if own_flusher:
         flusher = utils.L2Flusher(flush_mode, dev)
 
     def new_input():
@@ -245,13 +246,21 @@ def run_benchmark_case(sub, args: dict, *, recheck: bool, max_repeats: int, max_
         state["check"] = reference.clone_data(state["data"])
 
     def check(output):
+        # leaderboard mode: the runner flush's 62.5 GiB back to the device (untimed, the GPU idle)
+        # before the check and the next input, which then have the whole card; the next flush
+        # allocates anew (utils.L2Flusher)
+        flusher.release()
         ok, message = reference.check_implementation(state["check"], output)
         return None if ok else message
 
-    durations, failure = utils.time_repeats(
-        lambda: sub.custom_kernel(state["data"]), dev, flusher, max_repeats=max_repeats,
-        max_time_ns=max_time_ns, before=new_input if recheck else None,
-        after=check if recheck else None)
+    try:
+        durations, failure = utils.time_repeats(
+            lambda: sub.custom_kernel(state["data"]), dev, flusher, max_repeats=max_repeats,
+            max_time_ns=max_time_ns, before=new_input if recheck else None,
+            after=check if recheck else None)
+    finally:
+        if own_flusher:
+            flusher.release()  # the runner flush's 62.5 GiB back to the device for the next case
     return failure if failure is not None else utils.calculate_stats(durations)
 
 
@@ -408,10 +417,15 @@ def run_serving_benchmark_case(sub, args: dict, *, max_repeats: int, max_time_ns
     if not verdict["ok"]:
         return reference.serving_message(verdict)
     del expected
-    if flusher is None:
+    own_flusher = flusher is None
+    if own_flusher:
         flusher = utils.L2Flusher(flush_mode, inputs.q.device)
-    return utils.calculate_stats(time_serving(sub, inputs, plan, flusher, max_repeats=max_repeats,
-                                              max_time_ns=max_time_ns))
+    try:
+        return utils.calculate_stats(time_serving(sub, inputs, plan, flusher, max_repeats=max_repeats,
+                                                  max_time_ns=max_time_ns))
+    finally:
+        if own_flusher:
+            flusher.release()
 
 
 def serving_human_case(sub, args: dict, opts: dict) -> dict:
@@ -444,8 +458,11 @@ def serving_human_case(sub, args: dict, opts: dict) -> dict:
         row["problems"] += verdict["problems"]
         if opts["mode"] in ("benchmark", "leaderboard") and row["ok"] and opts.get("timed", True):
             flusher = utils.L2Flusher(opts.get("l2_flush", "default"), dev)
-            durations = time_serving(sub, inputs, plan, flusher, max_repeats=opts["max_repeats"],
-                                     max_time_ns=opts["max_time_ns"])
+            try:
+                durations = time_serving(sub, inputs, plan, flusher, max_repeats=opts["max_repeats"],
+                                         max_time_ns=opts["max_time_ns"])
+            finally:
+                flusher.release()  # the runner flush's 62.5 GiB back to the device for the next case
             row["stats"] = dict(dataclasses.asdict(utils.calculate_stats(durations)),
                                 median=statistics.median(durations))
             del flusher
@@ -858,18 +875,21 @@ def human_case(sub, args: dict, opts: dict) -> dict:
         del output, work, expected
         if mode in ("benchmark", "leaderboard") and row["ok"] and opts.get("timed", True):
             flusher = utils.L2Flusher(opts.get("l2_flush", "default"), dev)
-            result = run_benchmark_case(
-                sub, args, recheck=(mode == "leaderboard"), max_repeats=opts["max_repeats"],
-                max_time_ns=opts["max_time_ns"], flush_mode=opts.get("l2_flush", "default"),
-                device=opts.get("device"), initial_check=False, flusher=flusher)
-            if isinstance(result, str):
-                row["ok"] = False
-                row["problems"].append("recheck failed: " + result)
-            else:
-                row["stats"] = dataclasses.asdict(result)
-            row["ref_stats"] = dataclasses.asdict(_time_fn(
-                lambda: reference.ref_kernel(data), dev, flusher, opts["ref_max_repeats"],
-                opts["ref_max_time_ns"]))
+            try:
+                result = run_benchmark_case(
+                    sub, args, recheck=(mode == "leaderboard"), max_repeats=opts["max_repeats"],
+                    max_time_ns=opts["max_time_ns"], flush_mode=opts.get("l2_flush", "default"),
+                    device=opts.get("device"), initial_check=False, flusher=flusher)
+                if isinstance(result, str):
+                    row["ok"] = False
+                    row["problems"].append("recheck failed: " + result)
+                else:
+                    row["stats"] = dataclasses.asdict(result)
+                row["ref_stats"] = dataclasses.asdict(_time_fn(
+                    lambda: reference.ref_kernel(data), dev, flusher, opts["ref_max_repeats"],
+                    opts["ref_max_time_ns"]))
+            finally:
+                flusher.release()  # the runner flush's 62.5 GiB back to the device for the next case
             row["bytes"] = case_bytes(data, row["kv_format"])
             del flusher
         if mode == "profile":
@@ -1357,6 +1377,9 @@ def human_main(opts) -> int:
                       "none": "none"}[opts.l2_flush if on_gpu else "none"]
         print(f"copy bandwidth: {copy_bw:.0f} GB/s (device-to-device copy, read + write); "
               f"L2 flush before each timed call: {flush_text}")
+        note = utils.runner_flush_note(device) if on_gpu and opts.l2_flush == "runner" else None
+        if note:
+            print(f"NOTE: {note} The timed cases will stop with this message.")
     sys.stdout.flush()
 
     if opts.spawn:

@@ -19,7 +19,8 @@ candidate [1], stays unless beaten by RACE_MARGIN). tune.py adds only what an of
 - seeds: K (--seeds) per shape, the spec's case seed a combined with secret-like b's as the runner
   combines them (utils.combine_seed: a + (a+b)(a+b+1)/2); judged on every seed, timed on all;
 - timing: --repeats calls per seed (the race: RACE_REPEATS on one seed), each after the runner's
-  flush (--flush runner: a fresh 62.5 GiB randn, as the leaderboard times; race: the race's own);
+  flush (--flush runner: the runner's 62.5 GiB randn, as the leaderboard times, through
+  utils.L2Flusher so that it fits an 80 GB card; race: the race's own);
 - a progress bar, one report per shape (winner, its margin over the runner-up, the current
   route), a JSON file and a chart (results/ by default), a result cache for resuming.
 
@@ -425,10 +426,13 @@ def new_table(sub, table, jobs, results, outcomes):
 
 
 # ---------------------------------------------------------------------------------------------
-# The measuring process without a GPU. submission.py measures only on a GPU (CUDA events, and on
-# the CPU its Triton kernels need the interpreter fixes the file cannot carry); on a CPU tune.py
-# is its own measuring process: the environment as eval.py prepares it, perf_counter around each
-# call, then the submission's race_child_main. Its times mean nothing; its judging is real.
+# tune.py's own measuring process: the environment as eval.py prepares it, a timer, then the
+# submission's race_child_main. On a CPU (submission.py measures only on a GPU: CUDA events, and on
+# the CPU its Triton kernels need the interpreter fixes the file cannot carry) the timer is
+# perf_counter around each call: its times mean nothing, its judging is real. On a GPU with
+# --flush runner (runner_flush_timer) the runner's flush is utils.L2Flusher's, which fits an 80 GB
+# card; submission.py's own runner branch drops its randn into the allocator's cache, where the
+# next inputs split the block, and the next flush finds no 62.5 GiB (out of memory on an H100).
 MEASURING_FLAG = "--measuring-process"
 
 
@@ -441,14 +445,33 @@ def cpu_timer(candidate, fn, repeats, flush):
     return times
 
 
+def runner_flush_timer(sub, flusher):
+    """The race's timer on a GPU (submission._events_timer) with --flush runner's calls timed by
+    utils.time_call after ``flusher`` (utils.L2Flusher("runner")): the same steps (synchronize, the
+    runner's randn, events around one call, synchronize; us per call). The flush is given back
+    after each timing (untimed), so that the next inputs and candidates have the whole card."""
+    import utils
+
+    def timer(candidate, fn, repeats, flush):
+        if flush != "runner":
+            return sub._events_timer(candidate, fn, repeats, flush)
+        try:
+            return [utils.time_call(fn, flush=flusher)[1] / 1e3 for _ in range(repeats)]
+        finally:
+            flusher.release()
+    return timer
+
+
 def measuring_process(path):
     import utils
 
     utils.prepare_environment()
     import eval as runner
+    import torch
 
     sub = runner.load_submission(path, "_tune_measuring")
-    sub.race_timer = cpu_timer
+    on_gpu = torch.cuda.is_available()
+    sub.race_timer = runner_flush_timer(sub, utils.L2Flusher("runner")) if on_gpu else cpu_timer
     sub.race_child_main()
 
 
@@ -636,7 +659,7 @@ def _main(args, sub):
         import eval as runner
 
         sub = runner.load_submission(args.submission, "_tune_submission")
-        if not on_gpu:
+        if not on_gpu or args.flush == "runner":  # this file's measuring process (see measuring_process)
             sub.race_command = [sys.executable, os.path.abspath(__file__), MEASURING_FLAG, sub.__file__]
     import reference
 

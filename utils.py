@@ -101,6 +101,8 @@ def synchronize(device: Union[None, str, torch.device] = None) -> None:
 # L2 flush
 
 RUNNER_FLUSH_SHAPE = (16000, 1024, 1024)  # the runner's float32 randn tensor: 62.5 GiB
+RUNNER_FLUSH_BYTES = 4 * math.prod(RUNNER_FLUSH_SHAPE)
+GIB = float(1 << 30)
 MIN_FLUSH_BYTES = 512 * 1024 * 1024  # covers MI355X's 256 MiB Infinity Cache as well as any L2
 
 
@@ -123,12 +125,68 @@ def default_flush_bytes(device: Union[None, str, torch.device] = None) -> int:
     return max(four_l2, MIN_FLUSH_BYTES)
 
 
+_RUNNER_FLUSH: Dict[int, torch.Tensor] = {}  # device index -> the last runner flush, held until the next
+
+
+class FlushDoesNotFit(RuntimeError):
+    """The runner's flush cannot be allocated beside what this process holds on this GPU."""
+
+
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _runner_flush_fits(device: torch.device) -> bool:
+    """Whether the device has room for a new runner flush now, after giving PyTorch's cached
+    blocks back when it has not (empty_cache synchronizes: call it with nothing being timed)."""
+    if torch.cuda.mem_get_info(device)[0] >= RUNNER_FLUSH_BYTES:
+        return True
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0] >= RUNNER_FLUSH_BYTES
+
+
+def _runner_flush_too_large(device: torch.device) -> str:
+    free, total = torch.cuda.mem_get_info(device)
+    held = torch.cuda.memory_allocated(device)
+    return (f"the runner's L2 flush does not fit on this GPU: it is a {'x'.join(map(str, RUNNER_FLUSH_SHAPE))} "
+            f"float32 randn ({RUNNER_FLUSH_BYTES / GIB:.2f} GiB) allocated before each timed call, and "
+            f"{free / GIB:.2f} GiB of the card's {total / GIB:.2f} GiB are free ({held / GIB:.2f} GiB held by "
+            f"this process's tensors: the inputs and whatever else is alive; the rest by the CUDA context "
+            f"and other processes). The runner's MI355X (288 GB) holds it; here use the default flush "
+            f"(--l2-flush default: 4x the L2 zeroed, which hides less host time) or a larger card.")
+
+
+def runner_flush_note(device: Union[None, str, torch.device] = None) -> Optional[str]:
+    """None when the runner's flush fits on the device now (or one is held already, or no GPU),
+    else FlushDoesNotFit's sentence with the sizes: say so before timing anything."""
+    device = get_device(device)
+    if device.type != "cuda" or _cuda_index(device) in _RUNNER_FLUSH or _runner_flush_fits(device):
+        return None
+    return _runner_flush_too_large(device)
+
+
 class L2Flusher:
     """Evicts the GPU caches before a timed call.
 
     mode "default": zero a preallocated buffer of ``default_flush_bytes`` (4x L2, >= 512 MiB);
-    mode "runner": exactly what the leaderboard's runner does, allocate a 16000x1024x1024 float32
-    randn tensor (62.5 GiB) and free it; mode "none" (and any mode on the CPU): do nothing.
+    mode "runner": what the leaderboard's runner does before each timed call, a 16000x1024x1024
+    float32 randn tensor (62.5 GiB) written on the GPU, only enqueued (the host does not wait);
+    mode "none" (and any mode on the CPU): do nothing.
+
+    Runner mode on a card that cannot hold two of them (an 80 GB H100): the runner frees its tensor
+    at once and its caching allocator keeps the 62.5 GiB block; any allocation made before the
+    next flush (the call's output, the next inputs) may then take a piece of that block, and the
+    next flush finds no 62.5 GiB anywhere. So the tensor is held (one per device, shared by every
+    flusher of the process) until the next flush, which lets it go just before it allocates: the
+    allocator hands the same whole block back, nothing else can have split it, and two flushes
+    never coexist. The GPU work, its order and where the host stops waiting are the runner's; only
+    where the block sits between flushes differs, which nothing timed sees. The untimed work
+    between flushes has the card less 62.5 GiB; ``release()`` gives the block back to the device
+    (eval.py and the bench tools call it after each case or shape, eval.py's leaderboard mode also
+    before each check, whose new input and check then have the whole card). A new block is
+    allocated only where the device has room, after giving PyTorch's cached blocks back if it has
+    not; a flush that does not fit beside this process's tensors even then raises FlushDoesNotFit,
+    with the sizes.
     """
 
     MODES = ("default", "runner", "none")
@@ -148,15 +206,33 @@ class L2Flusher:
         if self.mode == "default":
             return self.buffer.numel() * 4
         if self.mode == "runner":
-            return 4 * math.prod(RUNNER_FLUSH_SHAPE)
+            return RUNNER_FLUSH_BYTES
         return 0
 
     def __call__(self) -> None:
         if self.mode == "default":
             self.buffer.zero_()
         elif self.mode == "runner":
-            # allocated, written and freed at once, as the runner's clear_l2_cache
-            torch.randn(RUNNER_FLUSH_SHAPE, dtype=torch.float32, device=self.device)
+            self._runner_flush()
+
+    def _runner_flush(self) -> None:
+        """Called with the GPU idle (time_call synchronizes first), before the timed region."""
+        index = _cuda_index(self.device)
+        reuses = _RUNNER_FLUSH.pop(index, None) is not None  # let go: its whole block is free again
+        # no block of ours to reuse: the device must have room for a new one (cached blocks of
+        # earlier work are given back first when it has not: the GPU is idle, nothing is timed)
+        if not reuses and not _runner_flush_fits(self.device):
+            raise FlushDoesNotFit(_runner_flush_too_large(self.device))
+        try:
+            _RUNNER_FLUSH[index] = torch.randn(RUNNER_FLUSH_SHAPE, dtype=torch.float32, device=self.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise FlushDoesNotFit(_runner_flush_too_large(self.device)) from exc
+
+    def release(self) -> None:
+        """Give the held runner flush back to the device (runner mode; a no-op otherwise or when
+        none is held). Call it outside the timed region, e.g. after a case's timed loop."""
+        if self.mode == "runner" and _RUNNER_FLUSH.pop(_cuda_index(self.device), None) is not None:
+            torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -159,6 +159,7 @@ def main():
     rows = []
     for case in utils.read_spec_file(args.spec):
         result = measure_shape(case, flush, copy_gbps, args.repeats)
+        flush.release()  # a runner flush's 62.5 GiB back to the device
         torch.cuda.empty_cache()  # the shape's inputs are gone; the accuracy seeds allocate their own
         result["accuracy"] = accuracy(case, secrets)
         earlier = EARLIER_PEERS["us"].get((result["batch"], result["kv_len"]))

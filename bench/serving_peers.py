@@ -2,8 +2,8 @@
 on FlashMLA's own benchmark inputs, in one process, with the same inputs and timings.
 
     python bench/serving_peers.py [--grids A,B,C,S] [--flashmla BUILD] [--vllm-fp8 KIT] [--no-flashinfer] [--repeats 20]
-                                  [--json OUT] [--skip-32k] [--page 64]
-                                  [--baseline FILE] [--no-check]
+                                  [--fa3 BUILD] [--json OUT] [--skip-32k] [--page 64]
+                                  [--baseline FILE] [--variant NAME=FILE ...] [--no-check]
 
 Grids (FlashMLA's benchmark: 128 requests, lengths normal around the mean s_k with spread s_k / 2,
 64-token pages (--page: another size, for ours alone), a permuted block table, NaN in every slot
@@ -14,11 +14,15 @@ nobody attends; causal for s_q 2):
      s_q 1): a schedule by tokens takes about the time of the batch's tokens, not the long one's.
 Providers: ours over the bf16 cache and over its fp8 copy (per-tensor scale); FlashMLA's dense
 decode (bf16) when --flashmla names its build (the peers kit's flashmla_build.sh; skipped with a
-note otherwise); vLLM's fp8 fork when --vllm-fp8 names a folder holding peer_vllm_fp8.py and its
+note otherwise); FA3's MLA path (flash-attention's Hopper kernel with qv, as vLLM's FLASH_ATTN_MLA and
+SGLang's fa3 backends call it: bench/fa3_mla.py) when --fa3 names its build, at vLLM's 16-token pages
+("FA3 bf16", a view of the same cache) and on 64-token pages over a NaN-free copy ("FA3 bf16 p64");
+vLLM's fp8 fork when --vllm-fp8 names a folder holding peer_vllm_fp8.py and its
 build/ (vllm_fp8_build.sh); FlashInfer's MLA wrapper (bf16 and fp8 caches) when `flashinfer` imports,
 unless --no-flashinfer (flashinfer_calls says how it is called). --baseline FILE
 adds another copy of submission.py (an earlier version, say `git show HEAD~1:submission.py`) as
-the providers "base bf16" / "base fp8": an A/B of two versions in one process.
+the providers "base bf16" / "base fp8": an A/B of two versions in one process; --variant NAME=FILE
+(repeatable) adds more copies the same way, as "NAME bf16" / "NAME fp8".
 Per case and provider: event time (CUDA events around one call after an L2 flush; median and
 mean of --repeats: host time inside the call counts where the GPU waits for it), profiler kernel
 time (the GPU's own time per call, its kernels' durations summed, each call after an L2 flush:
@@ -34,6 +38,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -106,8 +111,8 @@ def providers(case, args):
     q, cache, table, lens, causal = case.q, case.k_cache, case.block_table, case.cache_seqlens, case.causal
     cache8, scale8 = fp8_copy(cache)
     calls = api_calls(submission, "ours", case, cache8, scale8)
-    if args.baseline:
-        calls.update(api_calls(args.baseline, "base", case, cache8, scale8))
+    for name, module in args.variants:
+        calls.update(api_calls(module, name, case, cache8, scale8))
     if args.flashmla:
         flash_mla = args.flashmla
         meta = flash_mla.get_mla_metadata()[0]
@@ -116,6 +121,11 @@ def providers(case, args):
     if args.vllm_fp8:
         fn = args.vllm_fp8(q, cache, table, lens, causal)
         calls["vLLM fp8 fork"] = lambda: (fn(), None)
+    if args.fa3:
+        fa3_mla, fa3 = args.fa3
+        calls.update(fa3_mla.fa3_calls(fa3, case, page=16))  # vLLM's default block size, a view of the same bytes
+        if cache.shape[1] % 64 == 0:  # FA3's TMA path on 64-token pages, over a copy of the cache with NaN as 0
+            calls["FA3 bf16 p64"] = fa3_mla.fa3_calls(fa3, case, page=64, nan_to_zero=True)["FA3 bf16"]
     if args.flashinfer:
         try:
             calls.update(flashinfer_calls(args.flashinfer, case, cache8, scale8))
@@ -291,6 +301,17 @@ def load_flashmla(build):
     return importlib.import_module("flash_mla")
 
 
+def load_variant(spec):
+    """(name, module) of a --variant NAME=FILE: FILE loaded as a module of its own."""
+    name, _, path = spec.partition("=")
+    if not name or not path:
+        raise SystemExit(f"--variant takes NAME=FILE, not {spec!r}")
+    loader = importlib.util.spec_from_file_location(f"variant_{name}", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return name, module
+
+
 def load_peers(args):
     notes = []
     if args.flashmla:
@@ -302,6 +323,11 @@ def load_peers(args):
         args.vllm_fp8 = importlib.import_module("peer_vllm_fp8").load(os.path.join(args.vllm_fp8, "build"))
     else:
         notes.append("vLLM fp8 fork: skipped (no --vllm-fp8 folder)")
+    if args.fa3:
+        import fa3_mla  # bench/, beside this file
+        args.fa3 = (fa3_mla, fa3_mla.load(args.fa3))
+    else:
+        notes.append("FA3: skipped (no --fa3 build; docs/benchmarking.md says where its kit comes from)")
     args.flashinfer = None
     if args.no_flashinfer:
         notes.append("FlashInfer: skipped (--no-flashinfer)")
@@ -320,6 +346,7 @@ def main():
     parser.add_argument("--grids", default="A,B,C,S")
     parser.add_argument("--flashmla", default=None, help="FlashMLA's build folder (flashmla_build.sh DEST/build)")
     parser.add_argument("--vllm-fp8", default=None, help="folder with peer_vllm_fp8.py and build/")
+    parser.add_argument("--fa3", default=None, help="FA3's build folder (its kit's build script's DEST/build)")
     parser.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out where it imports")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--host-repeats", type=int, default=50)
@@ -328,13 +355,14 @@ def main():
     parser.add_argument("--no-check", action="store_true", help="no float64 reference (times only)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--baseline", default=None, help="another submission.py, timed as the providers base *")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=FILE",
+                        help="another submission.py, timed as the providers NAME *; repeatable")
+    parser.add_argument("--providers", default=None, metavar="REGEX",
+                        help="time only the providers whose name this regular expression finds")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="start no case after this many seconds; the summary covers the cases run")
     args = parser.parse_args()
-    if args.baseline:
-        spec = importlib.util.spec_from_file_location("baseline_submission", args.baseline)
-        args.baseline = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(args.baseline)
+    args.variants = [load_variant(spec) for spec in ([f"base={args.baseline}"] if args.baseline else []) + args.variant]
     notes = load_peers(args)
     for note in notes:
         print("NOTE:", note, flush=True)
@@ -351,6 +379,8 @@ def main():
         tokens = sum(case.lengths)
         label = f"{grid} b{batch} s_q{s_q} h{h_q} s_k{s_k}" + (f" long{long}" if long else "")
         for name, fn in providers(case, args).items():
+            if args.providers and not re.search(args.providers, name):
+                continue
             try:
                 out, lse = fn()
                 torch.cuda.synchronize()

@@ -288,3 +288,35 @@ def test_a_hopper_winner_keeps_a_portable_row_after_it_and_a_portable_one_replac
     out = {job.shape: tune.outcome(submission, job, timed)}
     rows, _ = tune.new_table(submission, table, [job], {job.shape: timed}, out)
     assert rows[index]["route"] == "triton_fp8" and len(rows) == len(table) - 1  # the follower is shadowed: gone
+
+
+def test_the_runner_flush_timer_times_through_utils_and_gives_the_flush_back(monkeypatch):
+    """On a GPU, --flush runner is timed by utils.time_call after utils.L2Flusher("runner") (whose
+    flush fits an 80 GB card), in us, the flush released after each timing; another flush goes to
+    submission.py's own events timer."""
+    log = []
+
+    class Flusher:
+        def release(self):
+            log.append("release")
+
+    flusher = Flusher()
+
+    def time_call(fn, device=None, flush=None):
+        assert flush is flusher
+        log.append("call")
+        return fn(), 2500.0  # ns
+
+    sub = type("Sub", (), {"_events_timer": staticmethod(lambda c, fn, repeats, flush: [f"race {flush}"] * repeats)})
+    monkeypatch.setattr(utils, "time_call", time_call)
+    timer = tune.runner_flush_timer(sub, flusher)
+    assert timer({}, lambda: None, 3, "runner") == [2.5, 2.5, 2.5]
+    assert log == ["call"] * 3 + ["release"]
+    assert timer({}, lambda: None, 2, "race") == ["race race"] * 2 and log == ["call"] * 3 + ["release"]
+
+    def broken():
+        raise RuntimeError("candidate raised")
+
+    with pytest.raises(RuntimeError):
+        timer({}, broken, 3, "runner")
+    assert log[-1] == "release"

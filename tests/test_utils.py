@@ -114,6 +114,277 @@ def test_runner_flush_size_is_the_runners():
     assert utils.RUNNER_FLUSH_SHAPE == (16000, 1024, 1024)
 
 
+# ---------------------------------------------------------------------------------------------
+# The runner flush on a card that cannot hold two of them (issue 58: an 80 GB H100)
+
+GIB = 1 << 30
+H100_BYTES = int(79.19 * GIB)  # what torch reports for an 80 GB H100
+
+
+class _Block:
+    def __init__(self, size, live=False):
+        self.size, self.live = size, live
+
+
+class FakeCudaAllocator:
+    """PyTorch's CUDA caching allocator, as far as the runner flush's failure needs it: a freed
+    block stays cached in its segment; a request takes the smallest cached free block that holds
+    it (the rest stays free in the same segment), else a new segment when the card has room, else,
+    after releasing the segments with nothing live (as torch does before it gives up), out of
+    memory. empty_cache releases the segments with nothing live."""
+
+    def __init__(self, total):
+        self.total = total
+        self.segments = []  # each a list of blocks in address order
+        self.live_flushes = 0  # runner flush tensors alive now
+        self.flushes = []  # (shape, dtype, device, live flushes when it was asked for)
+        self.calls = {"empty_cache": 0, "mem_get_info": 0}
+
+    @property
+    def reserved(self):
+        return sum(b.size for seg in self.segments for b in seg)
+
+    def allocated(self, device=None):
+        return sum(b.size for seg in self.segments for b in seg if b.live)
+
+    def _cached(self, nbytes):
+        fits = [(b.size, si, bi) for si, seg in enumerate(self.segments) for bi, b in enumerate(seg)
+                if not b.live and b.size >= nbytes]
+        if not fits:
+            return None
+        _, si, bi = min(fits)
+        block = self.segments[si][bi]
+        if block.size > nbytes:  # split: the rest stays free in the same segment
+            self.segments[si].insert(bi + 1, _Block(block.size - nbytes))
+            block.size = nbytes
+        block.live = True
+        return block
+
+    def _new_segment(self, nbytes):
+        if self.total - self.reserved < nbytes:
+            return None
+        block = _Block(nbytes, live=True)
+        self.segments.append([block])
+        return block
+
+    def _release_free_segments(self):
+        self.segments = [seg for seg in self.segments if any(b.live for b in seg)]
+
+    def alloc(self, nbytes):
+        block = self._cached(nbytes) or self._new_segment(nbytes)
+        if block is None:
+            self._release_free_segments()
+            block = self._new_segment(nbytes)
+        if block is None:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {nbytes / GIB:.2f} GiB")
+        return block
+
+    def free(self, block):
+        block.live = False
+        for si, seg in enumerate(self.segments):
+            if any(b is block for b in seg):
+                merged = []
+                for b in seg:
+                    if merged and not b.live and not merged[-1].live:
+                        merged[-1] = _Block(merged[-1].size + b.size)
+                    else:
+                        merged.append(b)
+                self.segments[si] = merged
+
+    def tensor(self, nbytes, flush=False):
+        return _FakeCudaTensor(self, self.alloc(nbytes), flush)
+
+    # the torch.cuda functions utils calls
+    def empty_cache(self):
+        self.calls["empty_cache"] += 1
+        self._release_free_segments()
+
+    def mem_get_info(self, device=None):
+        self.calls["mem_get_info"] += 1
+        return self.total - self.reserved, self.total
+
+    def randn(self, *shape, dtype=None, device=None, **kwargs):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        self.flushes.append((shape, dtype, torch.device(device), self.live_flushes))
+        return self.tensor(4 * math.prod(shape), flush=True)
+
+
+class _FakeCudaTensor:
+    def __init__(self, allocator, block, flush):
+        self.allocator, self.block, self.flush = allocator, block, flush
+        allocator.live_flushes += flush
+
+    def __del__(self):
+        self.allocator.live_flushes -= self.flush
+        self.allocator.free(self.block)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A CUDA card of `total` bytes under the fake allocator: torch.randn (the flush), empty_cache,
+    mem_get_info and memory_allocated go to it; no runner flush held at the start."""
+    def card(total):
+        fake = FakeCudaAllocator(total)
+        monkeypatch.setattr(torch, "randn", fake.randn)
+        monkeypatch.setattr(torch.cuda, "empty_cache", fake.empty_cache)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", fake.mem_get_info)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", fake.allocated)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(utils, "_RUNNER_FLUSH", {}, raising=False)
+        return fake
+    return card
+
+
+def _cases_under_the_runner_flush(fake, flusher, case_bytes, release=False):
+    """eval.py's / ab_probe's pattern: per case (shape) its inputs (the last case's let go after
+    the new ones exist), then the runner's timed loop, each call making a 64 MiB output."""
+    inputs = None
+    for nbytes in case_bytes:
+        inputs = fake.tensor(nbytes)  # noqa: F841  (held through the case, as the data is)
+        durations, failure = utils.time_repeats(lambda: fake.tensor(64 << 20), "cpu", flusher, max_repeats=4,
+                                                min_runs=4)
+        assert failure is None and len(durations) == 4
+        assert fake.reserved <= fake.total
+        if release:
+            flusher.release()
+
+
+def test_runner_flush_fits_a_card_that_cannot_hold_two(fake_cuda):
+    """The runner's tensor freed at once stays cached; the next case's inputs took a piece of it
+    and the next flush found no 62.5 GiB on an 80 GB card (out of memory at the second case's
+    first flush). Now each flush lets the last one go just before it allocates: the same whole
+    block comes back, two never coexist, nothing else splits it."""
+    fake = fake_cuda(H100_BYTES)
+    flusher = utils.L2Flusher("runner", "cuda")
+    _cases_under_the_runner_flush(fake, flusher, [1 * GIB, 3 * GIB, 2 * GIB, 5 * GIB])
+    assert len(fake.flushes) == 16
+    assert {(shape, dtype) for shape, dtype, _, _ in fake.flushes} == {(utils.RUNNER_FLUSH_SHAPE, torch.float32)}
+    assert all(device.type == "cuda" for _, _, device, _ in fake.flushes)
+    assert [live for *_, live in fake.flushes] == [0] * 16  # the last one let go before each new one
+    assert fake.live_flushes == 1  # the last one held until the next flush (or release)
+    # the room was checked before the first allocation only; nothing emptied when it fit
+    assert fake.calls == {"empty_cache": 0, "mem_get_info": 1}
+
+
+def test_runner_flushers_share_the_one_held_flush_and_release_gives_it_back(fake_cuda):
+    """A flusher per case (eval.py) never holds a second 62.5 GiB beside another's; release()
+    (after a case's timed loop, untimed) returns it to the device so the next inputs cannot land
+    in it, and the next case's first flush allocates a new one."""
+    fake = fake_cuda(H100_BYTES)
+    first, second = utils.L2Flusher("runner", "cuda"), utils.L2Flusher("runner", "cuda")
+    first()
+    second()
+    first()
+    assert [live for *_, live in fake.flushes] == [0, 0, 0] and fake.live_flushes == 1
+    second.release()
+    assert fake.live_flushes == 0 and fake.reserved == 0 and fake.calls["empty_cache"] == 1
+    second.release()  # nothing held: a no-op, no second empty_cache
+    assert fake.calls["empty_cache"] == 1
+    fake = fake_cuda(H100_BYTES)
+    _cases_under_the_runner_flush(fake, utils.L2Flusher("runner", "cuda"), [1 * GIB, 3 * GIB, 2 * GIB],
+                                  release=True)
+    assert fake.live_flushes == 0 and fake.calls["empty_cache"] == 3
+    assert [live for *_, live in fake.flushes] == [0] * 12
+    utils.L2Flusher("default", "cpu").release()  # no-op off runner mode
+
+
+def test_runner_flush_empties_the_cache_only_when_a_new_flush_needs_the_room(fake_cuda):
+    """A cached 20 GiB left by earlier work: the first flush gives the cache back (the GPU is idle
+    there: time_call synchronized, nothing is timed yet); later flushes reuse the held block and
+    neither ask the device nor empty the cache."""
+    fake = fake_cuda(H100_BYTES)
+    inputs = fake.tensor(2 * GIB)
+    scratch = fake.tensor(20 * GIB)
+    del scratch  # cached, not given back
+    flusher = utils.L2Flusher("runner", "cuda")
+    flusher()
+    assert fake.calls == {"empty_cache": 1, "mem_get_info": 2}
+    for _ in range(5):
+        flusher()
+    assert fake.calls == {"empty_cache": 1, "mem_get_info": 2}
+    assert fake.reserved == 2 * GIB + utils.RUNNER_FLUSH_BYTES
+    del inputs
+
+
+def test_runner_flush_on_a_card_too_small_says_so_with_the_sizes(fake_cuda):
+    """64 GiB card, 2 GiB of inputs: no out-of-memory crash but FlushDoesNotFit naming the flush's
+    size, the card's, what is free and what this process holds; runner_flush_note says it before
+    anything is timed (and nothing on a card where it fits)."""
+    fake = fake_cuda(64 * GIB)
+    inputs = fake.tensor(2 * GIB)
+    flusher = utils.L2Flusher("runner", "cuda")
+    with pytest.raises(utils.FlushDoesNotFit) as caught:
+        utils.time_call(lambda: None, "cpu", flush=flusher)
+    text = str(caught.value)
+    for part in ("16000x1024x1024 float32", "62.50 GiB", "62.00 GiB of the card's 64.00 GiB are free",
+                 "2.00 GiB held by this process", "--l2-flush default"):
+        assert part in text, (part, text)
+    assert fake.flushes == [] and fake.calls["empty_cache"] == 1  # the cache given back before giving up
+    assert utils.runner_flush_note("cuda") == text
+    assert utils.runner_flush_note("cpu") is None
+    del inputs
+    fake = fake_cuda(H100_BYTES)
+    fake.tensor(2 * GIB)
+    assert utils.runner_flush_note("cuda") is None
+
+
+def test_runner_flush_out_of_memory_anyway_becomes_the_clear_error(fake_cuda, monkeypatch):
+    """Room reported but the allocation fails (another process took it meanwhile): the same error."""
+    fake = fake_cuda(H100_BYTES)
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(torch, "randn", oom)
+    with pytest.raises(utils.FlushDoesNotFit, match="62.50 GiB"):
+        utils.L2Flusher("runner", "cuda")()
+    assert fake.live_flushes == 0
+
+
+def test_eval_gives_back_the_runner_flush_it_made_for_a_case(monkeypatch):
+    """run_benchmark_case releases a flusher it made itself (the popcorn path: one per case),
+    also when the loop fails; a flusher passed in is the caller's to release."""
+    import eval as ev
+    import reference
+
+    made = []
+
+    class Flusher:
+        def __init__(self, mode="default", device=None):
+            self.released = 0
+            made.append(self)
+
+        def __call__(self):
+            pass
+
+        def release(self):
+            self.released += 1
+
+    monkeypatch.setattr(utils, "L2Flusher", Flusher)
+    sub = type("Sub", (), {"custom_kernel": staticmethod(reference.ref_kernel)})
+    args = {"batchsize": 1, "qseqlen": 1, "kvseqlen": 16, "seed": 1}
+    ev.run_benchmark_case(sub, dict(args), recheck=False, max_repeats=3, max_time_ns=1e9, device="cpu")
+    assert [f.released for f in made] == [1]
+    # leaderboard mode: also before each check, so the check and the next input have the whole card
+    made.clear()
+    ev.run_benchmark_case(sub, dict(args), recheck=True, max_repeats=3, max_time_ns=1e9, device="cpu")
+    assert [f.released for f in made] == [3 + 1]
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(utils, "time_repeats", broken)
+    with pytest.raises(RuntimeError):
+        ev.run_benchmark_case(sub, dict(args), recheck=False, max_repeats=3, max_time_ns=1e9, device="cpu")
+    assert [f.released for f in made] == [4, 1]
+    mine = Flusher()
+    monkeypatch.undo()
+    monkeypatch.setattr(utils, "time_repeats", lambda *a, **k: ([1.0, 2.0, 3.0], None))
+    ev.run_benchmark_case(sub, dict(args), recheck=False, max_repeats=3, max_time_ns=1e9, device="cpu",
+                          flusher=mine)
+    assert mine.released == 0
+
+
 def test_time_call_on_cpu():
     calls = []
     result, ns = utils.time_call(lambda: calls.append(1) or 7, "cpu", flush=lambda: calls.append(0))

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One device call: the prepared patches and every peer against HEAD, in one process per grid
+# (bench/serving_peers.py), within one call's limit.
+#   1. the peers built in the background, side by side (FlashMLA and vLLM's fp8 fork from .peers, FA3
+#      from .fa3 where carried), FlashInfer unpacked from .fi;
+#   2. meanwhile HEAD and each patched submission.py (.device/variants, lab/device/make_variants.sh)
+#      run once on every case in a process of their own, side by side, each checked against float64
+#      attention: this compiles every kernel the timing needs, in parallel;
+#   3. then every provider timed, grid C first, then A and B, until the budget's end.
+#
+#   bash lab/device/patches_and_peers.sh [SECONDS]      (the whole call's budget, default 560)
+set -uo pipefail
+BUDGET=${1:-560}
+START=$(date +%s)
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/device.txt" 2>&1
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" \
+    >> "$OUT/device.txt"
+
+# 1. peers
+build() { local name=$1; shift; ( timeout 330 "$@" > "/tmp/build_$name.log" 2>&1 && echo "$name built at $(( $(date +%s) - START )) s" \
+          || echo "$name FAILED at $(( $(date +%s) - START )) s" ) >> /tmp/builds.log; }
+MAX_JOBS=5 build flashmla bash .peers/flashmla_build.sh /tmp/flashmla &
+MAX_JOBS=5 build vllm_fp8 bash .peers/vllm_fp8_build.sh /tmp/vllm_fp8 &
+[ -e .fa3/fa3_build.sh ] && MAX_JOBS=6 build fa3 bash .fa3/fa3_build.sh /tmp/fa3 &
+if [ -e .fi/flashinfer_kit.tar.xz ]; then
+  mkdir -p /tmp/site && tar xJf .fi/flashinfer_kit.tar.xz -C /tmp/site &&
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .fi/apache_tvm_ffi-*.whl > /tmp/build_fi.log 2>&1
+  export PYTHONPATH=/tmp/site FLASHINFER_DISABLE_JIT=1
+fi
+
+# 2. every kernel compiled and checked, a process per version
+GRIDS=${GRIDS:-C,A,B}
+VARIANTS=""
+for v in .device/variants/*.py; do VARIANTS="$VARIANTS --variant $(basename "$v" .py)=$v"; done
+warm() {  # $1: a providers regex
+  timeout $(( $(left) - 300 )) python3 bench/serving_peers.py --grids "$GRIDS" --skip-32k --repeats 1 \
+      --host-repeats 1 --no-flashinfer $VARIANTS --providers "$1" > "/tmp/warm_$2.log" 2>&1
+  echo "warm $2 rc=$? at $(( $(date +%s) - START )) s" >> /tmp/warm.log
+}
+warm "^ours " ours &
+for v in .device/variants/*.py; do id=$(basename "$v" .py); warm "^$id " "$id" & done
+wait $(jobs -p)  # the builds too
+cat /tmp/builds.log /tmp/warm.log
+for f in /tmp/warm_*.log; do echo "== $f"; grep -v "^NOTE\|UserWarning\|_warn_once" "$f"; done \
+    > "$OUT/warm.log"
+tail -n 5 /tmp/build_*.log > "$OUT/builds.log" 2>&1; cat /tmp/builds.log >> "$OUT/builds.log"
+grep -h "rel " /tmp/warm_*.log | awk '{for (i = 1; i <= NF; i++) if ($i == "rel") print $(i + 1)}' | sort -g | tail -3
+
+# 3. the timing
+PEERS=""
+[ -e /tmp/flashmla/build ] && PEERS="$PEERS --flashmla /tmp/flashmla/build"
+[ -e /tmp/vllm_fp8/build ] && cp .peers/peer_vllm_fp8.py /tmp/vllm_fp8/ && PEERS="$PEERS --vllm-fp8 /tmp/vllm_fp8"
+[ -d /tmp/fa3/build ] && PEERS="$PEERS --fa3 /tmp/fa3/build"
+echo "timing from $(( $(date +%s) - START )) s with$PEERS"
+python3 bench/serving_peers.py --grids "$GRIDS" --skip-32k --repeats 5 --host-repeats 3 $PEERS $VARIANTS \
+    --max-seconds $(( $(left) - 45 )) --json "$OUT/peers.json" > "$OUT/peers.txt" 2>&1
+echo "done at $(( $(date +%s) - START )) s"
+grep "^grid\|NOTE" "$OUT/peers.txt"
