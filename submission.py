@@ -1142,8 +1142,12 @@ except Exception:  # an older Triton, or one built without the NVIDIA Gluon dial
 
 class _GluonAbsent:
     """Stands in for gluon, gl and triton.constexpr_function where Gluon does not import: the
-    definitions below still run (decorators and annotations), nothing of them is ever compiled."""
-    constexpr = object
+    definitions below still run (decorators, annotations and constants), nothing of them is ever
+    compiled."""
+
+    class constexpr:  # noqa: N801  (gl.constexpr's name)
+        def __init__(self, value=None):
+            self.value = value
 
     @staticmethod
     def jit(fn):
@@ -1164,6 +1168,9 @@ def _is_hopper():
 
 HOPPER = _is_hopper()
 HOPPER_CHUNK = 128  # latent dims per V transpose and P.V product (4 per token)
+LATENT = gl.constexpr(V_HEAD_DIM)  # the Gluon kernels' latent dims, rope dims and dims per latent box
+ROPE = gl.constexpr(ROPE_DIM)
+CHUNK = gl.constexpr(HOPPER_CHUNK)
 TMA_BOX_BYTES = 128  # bytes of latent dims per row of a 3D TMA box: the 128-byte swizzle the MMAs read
 
 
@@ -2084,16 +2091,19 @@ def _mla_combine_kernel(PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, KV_SCALE, OUT, LSE
 
 
 @gluon.jit
-def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads,
-                   q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                   stride_lse_token, WARPS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                   LATENT: gl.constexpr, CHUNK: gl.constexpr, KV_FP8: gl.constexpr, PV_F16: gl.constexpr):
-    """The serving API's epilogue. A request of one split writes its rows of out and lse; otherwise
-    each split writes a float32 partial and its base-2 lse in slot group x slots + first_work +
-    split (first_work: the request's first partial slot; slots: partial slots per row group), which
-    _mla_combine_kernel merges after the kernel; the first split writes the request's split count
-    for it. Rows with nothing attended: out 0, lse +inf; `poison` (0 or NaN) reaches out and lse."""
+def _store_serving(acc, running_max, row_sums, kv_scale, poison, outs, work, rows, slots, out_strides,
+                   WARPS: gl.constexpr, NUM_HEADS: gl.constexpr, KV_FP8: gl.constexpr, PV_F16: gl.constexpr):
+    """The serving API's epilogue of one split (`work`: request, split, the request's split count,
+    its first partial slot). A request of one split writes its rows of out and lse; otherwise each
+    split writes a float32 partial and its base-2 lse in slot group x slots + first_work + split
+    (slots: partial slots per row group), which _mla_combine_kernel merges after the kernel; the
+    first split writes the request's split count for it. Rows with nothing attended: out 0, lse
+    +inf; `poison` (0 or NaN) reaches out and lse."""
+    OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS = outs
+    request, split, num_splits, first_work = work
+    group, num_heads, q_len = rows
+    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
+    acc0, acc1, acc2, acc3 = acc
     running_sum = gl.sum(row_sums, 0)
     out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS, KV_FP8, PV_F16)
     ROW_LAYOUT: gl.constexpr = running_max.type.layout
@@ -2117,41 +2127,50 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
 
 @gluon.jit
 def _split_tiles(
-    lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
-    kv_begin, kv_end, num_tiles, consumed, bt_row, sm_scale_log2, kv_rows, num_blocks, seq_len, group, num_heads,
-    q_len, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr,
-    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
-    PV_F16: gl.constexpr = False, exchange=None, factors=None, GATHER: gl.constexpr = False, KV=None,
-    stride_kv_row=0,
+    cache, ring, staging, q, kv_scale, sm_scale_log2, split, pages, rows, FP8_MAX: gl.constexpr,
+    STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
+    NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, LAYOUTS: gl.constexpr,
+    PV_F16: gl.constexpr = False, GATHER: gl.constexpr = False,
 ):
-    """One split's tiles in _hopper_decode: tokens [kv_begin, kv_end) of one request (custom_kernel:
-    of one row) for the program's query rows, q in registers; the ring's tiles numbered on from
-    `consumed` (the tiles the program's earlier splits read). Loads the tiles, runs the online
-    softmax and P.V; returns (the four P.V accumulators, running max, row sums, whether a used
-    block id was outside the cache). The caller writes the epilogue. With `exchange` and `factors`
-    (shared scratch; P^T in 16 bits, a column a row): each tile's row max crosses the warps
-    through `exchange` (_exchanged_max) and the rescale factors reach P.V's layout through
-    `factors` (_through_shared), two barriers where the layouts' conversions take five.
-    GATHER (pages shorter than a tile): each tile's 64 rows are gathered from the cache at KV by
-    cp.async, a row per token (_gather_rows, _gather_tile), one commit group a tile, where TMA
-    reads a tile of one page (NOTES.md h48)."""
+    """One split's tiles: tokens [kv_begin, kv_end) of one request (custom_kernel: of one row) for
+    the program's query rows, q (four 128-dim chunks and the rope part) in registers, the ring's
+    tiles numbered on from `consumed` (the tiles the program's earlier splits read). Loads the
+    tiles, runs the online softmax and P.V; returns (the four P.V accumulators, running max, row
+    sums, whether a used block id was outside the cache). The caller writes the epilogue.
+    cache: the two TMA descriptors, or (GATHER: pages shorter than a tile) the cache and its row
+    stride, each tile's 64 rows gathered by cp.async a row per token (_gather_rows, _gather_tile),
+    one commit group a tile, where TMA reads a tile of one page. split: (kv_begin, kv_end,
+    num_tiles, consumed); pages: (the request's block-table row, kv_rows, num_blocks), on pages
+    only; rows: (seq_len, group, num_heads, q_len), CAUSAL only. staging's `exchange` and `factors`
+    (shared scratch, where given; P^T in 16 bits, a column a row): each tile's row max crosses the
+    warps through `exchange` (_exchanged_max) and the rescale factors reach P.V's layout through
+    `factors` (_through_shared), two barriers where the layouts' conversions take five."""
+    kv_latent, kv_rope, loaded = ring
+    q_latent, q_rope, pt_smem, exchange, factors = staging
+    q0, q1, q2, q3, qr = q
+    kv_begin, kv_end, num_tiles, consumed = split
+    bt_row, kv_rows, num_blocks = pages
+    S_MMA: gl.constexpr = LAYOUTS[0]
+    O_MMA: gl.constexpr = LAYOUTS[1]
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) * (1 if KV_FP8 else 2)
     SERVING: gl.constexpr = PAGE_SIZE > 0
     bad_blocks = 0
     if GATHER:  # each tile's rows a step ahead of its copies, which then never wait for the block table
+        KV, stride_kv_row = cache
         LAT_LAYOUT: gl.constexpr = _gather_layout(1 if KV_FP8 else 2, CHUNK, WARPS)
         ROPE_LAYOUT: gl.constexpr = _gather_layout(1 if KV_FP8 else 2, ROPE, WARPS)
         bad_rows = gl.zeros([BLOCK_N], gl.int32, layout=gl.SliceLayout(1, LAT_LAYOUT))  # a used block id bad
         lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_next(
             bt_row, kv_begin, kv_end, 0, num_tiles, num_blocks, bad_rows, PAGE_SIZE, BLOCK_N, LAT_LAYOUT, ROPE_LAYOUT)
+    else:
+        lat_desc, rope_desc = cache
 
     # The first STAGES - 1 tile loads fly while q is quantised. An empty split (a row shorter than
     # the split grid) needs no q; the branch also keeps the quantisation after the issue, ahead of
-    # which ptxas would otherwise schedule q's amax, making the issue wait for q (h33). The empty
-    # path's barrier orders the ring barriers' init before their invalidation; without it Triton
-    # puts that barrier at the tile loop's exit, on every path (h35).
+    # which ptxas would otherwise schedule q's amax, making the issue wait for q. The empty path's
+    # barrier orders the ring barriers' init before their invalidation; without it Triton puts
+    # that barrier at the tile loop's exit, on every path.
     for t in gl.static_range(STAGES - 1):
         if GATHER:
             lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_issue(
@@ -2190,6 +2209,7 @@ def _split_tiles(
     tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
     no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
     if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
+        seq_len, group, num_heads, q_len = rows
         _, row_token, _ = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(0, S_MMA))
         row_limits = gl.expand_dims(gl.minimum(kv_end, seq_len - q_len + 1 + row_token), 0)
     for i in range(num_tiles):
@@ -2246,149 +2266,32 @@ def _split_tiles(
 
     if GATHER:
         bad_blocks = gl.max(bad_rows, axis=0)
-    return acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks
+    return (acc0, acc1, acc2, acc3), running_max, row_sums, bad_blocks
+
+
+@_constexpr_function
+def _tokens_as_m_layouts(rows, warps, kv_fp8, pv_f16):
+    """(S's MMA layout, P.V's MMA layout, q's register layout) of a tokens-as-M program of `rows`
+    query rows and `warps` warps: S^T (tokens x rows) over warpgroups of 4 token warps (8 warps:
+    the two warpgroups split the rows), P.V (dims x P^T's columns) over the warps' dims."""
+    mma_k = 32 if kv_fp8 else 16  # the MMA's k per instruction: 32 bytes
+    p_cols = 2 * rows if kv_fp8 and not pv_f16 else rows  # fp8 P: two fp8 terms a row
+    s_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps // 4],
+                                      instr_shape=[16, rows // (warps // 4), mma_k])
+    o_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                      instr_shape=[16, p_cols, 16 if pv_f16 else mma_k])
+    return s_mma, o_mma, gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
 
 
 @gluon.jit
-def _serve_segment(
-    Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale, BLOCK_TABLE, OUT, LSE,
-    PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, request, live, group, split, num_splits, first_work, kv_begin, kv_end,
-    seq_len, poison, consumed, sm_scale_log2, kv_rows, num_blocks, slots, num_heads, q_len, stride_q_batch,
-    stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
-    stride_lse_head, stride_lse_token, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-    PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr,
-    LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
-    ROWS: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, PV_F16: gl.constexpr,
-    exchange, factors, GATHER: gl.constexpr, KV, stride_kv_row,
-):
-    """One split of a request on the serving API's pages (split `split` of num_splits, tokens
-    [kv_begin, kv_end), partial slots from first_work): q's rows, the tiles (_split_tiles, the
-    ring numbered on from `consumed`), then the request's rows or this split's partial
-    (_store_serving). Returns consumed plus the tiles read. A work item past the last request
-    (`live` false) reads and writes nothing."""
-    row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
-    q0, q1, q2, q3, qr = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT,
-                                 ROPE, q_token * stride_q_token + head * stride_q_head, row_ok & live)
-    num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
-    acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks = _split_tiles(
-        lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
-        kv_begin, kv_end, num_tiles, consumed, BLOCK_TABLE + request.to(gl.int64) * stride_bt, sm_scale_log2, kv_rows,
-        num_blocks, seq_len, group, num_heads, q_len, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT,
-        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, PV_F16, exchange, factors, GATHER, KV, stride_kv_row)
-    if live:
-        _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
-                       poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
-                       SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads,
-                       q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                       stride_lse_token, WARPS, NUM_HEADS, LATENT, CHUNK, KV_FP8, PV_F16)
-    return consumed + num_tiles
-
-
-@gluon.jit
-def _hopper_decode(
-    Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
-    PARTIAL_LSE, SPLIT_TICKETS,
-    sm_scale_log2, kv_scale_value, kv_rows, stride_q_token, stride_o_token, num_blocks, capacity, batch_size,
-    target_splits, min_chunk, num_heads, q_len, stride_q_batch, stride_q_head, stride_bt, stride_o_batch,
-    stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
-    FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-    COOPERATIVE_MERGE: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
-    KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
-    NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
-    KV_FP8: gl.constexpr = True, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
-    SHARED_MAX: gl.constexpr = False, GATHER: gl.constexpr = False, KV=None, stride_kv_row=0,
-    TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
-):
-    """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; for
-    custom_kernel the split merge fused as in _mla_decode_kernel (same partials, lse and tickets;
-    same results within rounding), for the serving API merged by _mla_combine_kernel after it
-    (SPLIT_TICKETS then holds the requests' split counts). Its entry points: custom_kernel's
-    contiguous rows (PAGE_SIZE 0) and the serving API's pages (PAGE_SIZE 64 or 128: a tile is 64
-    tokens of one page; 1 ... 32 with GATHER: a tile's rows gathered a token at a time).
-
-    Tile plan: one program = NUM_HEADS query rows (16; the serving API also 32 or 64) x one KV split,
-    WARPS = 4 or 8 (at 8 the two warpgroups split S's query rows and P.V's latent dims). custom_kernel: grid
-    (batch, NUM_SPLITS), the 16 heads of row `batch`'s token, equal splits of each row. Serving
-    API: grid (row groups, work items), rows (query token, head) group * NUM_HEADS ... of a
-    request, causal masks per query token, lse written; the work items a schedule computed from
-    cache_seqlens: a chunk of one request each (_serving_work), or, with SPANS and where
-    _span_start's cost model takes them, one span of the batch's tiles each, the program looping
-    over the requests it meets (_span_segment; the ring's barriers count on across them). The
-    figures below are for 16 rows.
-    Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
-    fp8 bytes, loaded by TMA (4 boxes of 128 latent dims, one 3D copy on pages, + 1 of 64 rope
-    dims) into a ring of STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed
-    (on pages, the block id of the tile after that is loaded one step ahead, so the TMA issue
-    never waits for it).
-    Per tile:  S^T (64 x 16) = sum of 5 fp8 wgmma over the boxes with Q^T (quantised once per
-    program, per-program amax scale, kept in shared memory);  online softmax in float32, base 2;
-    P^T in fp8 (_store_probs);  for each 128-dim chunk of V: read from the ring slot straight into
-    the MMA's register fragment of V_c^T (bytes repacked in registers, see _pv_chunk),
-    acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB
-    of P: STAGES 2 fits two programs per SM (237-255 registers per thread at 4 warps, no spills
-    but in the span kernel's segment loop, outside its tile loops:
-    docs/kernel_report.md).
-    PV_F16 (the serving API's fp8 cache): P.V in f16, V^T's fragment converted exactly
-    from fp8 in registers (2 tokens x 4 dims per thread), P^T in f16: acc_c is (128 x rows), half
-    the fp8 form's (no P_hi / P_lo columns), so 8 warps hold 64 rows (h43).
-    SHARED_MAX (P^T in 16 bits): the row max crosses the warps and the rescale factors reach P.V's
-    rows through two small shared buffers, two barriers a tile where layout conversions take five
-    (h44c).
-    A bf16 cache (the API only): q stays bf16, S and P.V are bf16 wgmma, P^T is bf16 and V^T is
-    the ring slot read transposed by the MMA (_pv_tile_bf16); 72 KiB tiles, one program per SM.
-    More than one split: float32 partials (heads x dims) and lse per split, merged by _merge_row
-    (custom_kernel) or _mla_combine_kernel (the serving API, after _store_serving).
-    Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; on pages
-    the last tile's values past the split are zeroed first, a page's tail may hold NaN; past the
-    cache TMA reads zeros); q; out; per split a 32 KiB float32 partial. A row whose indptr
-    entries reach outside the cache comes back NaN (_row_poison); on pages, a request whose length
-    or block ids are impossible."""
+def _tokens_as_m_smem(STAGES: gl.constexpr, NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+                      PV_F16: gl.constexpr = False):
+    """The shared memory of a tokens-as-M program: the ring (STAGES slots of a tile's four latent
+    boxes and its rope box, and their TMA barriers, initialised) and q in the MMA's type and P^T."""
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     KV_DTYPE: gl.constexpr = gl.float8e4nv if KV_FP8 else gl.bfloat16
-    MMA_K: gl.constexpr = 32 if KV_FP8 else 16  # the MMA's k per instruction: 32 bytes
     P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 and not PV_F16 else NUM_HEADS  # fp8 P: two fp8 terms a row
     P_DTYPE: gl.constexpr = gl.float16 if PV_F16 else KV_DTYPE
-    gl.static_assert(KV_FP8 or not PV_F16, "PV_F16 is P.V over an fp8 cache")
-    SERVING: gl.constexpr = PAGE_SIZE > 0
-    gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
-    gl.static_assert(PAGE_SIZE == 0 or PAGE_SIZE % BLOCK_N == 0 or GATHER, "TMA reads a tile from one page")
-    ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
-    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                                     instr_shape=[16, NUM_HEADS // (WARPS // 4), MMA_K])
-    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                     instr_shape=[16, P_COLS, 16 if PV_F16 else MMA_K])
-
-    # Prologue. Every global read it needs is issued before any of them is used: the scale, q and
-    # the indptrs; the first TMA issue waits for the indptrs only (one memory latency, h8). Decode
-    # has one query row per batch row: q is read at row `batch`, and a qo_indptr that says
-    # otherwise poisons the row (_row_poison, used only in the epilogue). TMA reads zeros outside
-    # the cache; the range is also cut to the cache's rows, so a row far outside it loops over no
-    # tiles. On pages each segment's schedule comes first (it names the request), then q and the
-    # first tiles' block ids.
-    pid0 = gl.program_id(0)
-    pid1 = gl.program_id(1)
-    if KV_SCALE_IN_TENSOR:
-        kv_scale = gl.load(KV_SCALE)
-    else:
-        kv_scale = kv_scale_value
-    if SERVING:
-        group = pid0
-        if SPANS:
-            spans, segments, request, tile_begin, total, used = _span_start(
-                CACHE_SEQLENS, pid1, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK,
-                BLOCK_N, WARPS)
-    else:
-        batch = pid0
-        split = pid1
-        q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
-        row_begin = gl.load(KV_INDPTR + batch)
-        row_end = gl.load(KV_INDPTR + batch + 1)
-        poison = _row_poison(QO_INDPTR, batch, row_begin, row_end, kv_rows)
-        kv_begin, kv_end = _split_bounds(row_begin, row_end, split, NUM_SPLITS, BLOCK_N)
-        kv_begin = gl.maximum(kv_begin, 0)
-        kv_end = gl.minimum(kv_end, kv_rows)
-        num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
-
     kv_latent = gl.allocate_shared_memory(KV_DTYPE, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], KV_DTYPE))
     kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE],  # the rope box's (hopper_boxes)
@@ -2402,65 +2305,15 @@ def _hopper_decode(
                                        gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], KV_DTYPE))
     pt_smem = gl.allocate_shared_memory(P_DTYPE, [P_COLS, BLOCK_N],
                                         gl.NVMMASharedLayout.get_default_for([P_COLS, BLOCK_N], P_DTYPE))
-    exchange = None
-    factors = None
-    if SHARED_MAX:  # a tile's partial row maxima (rows x 4 token warps) and its rescale factors;
-        # one buffer each: the factors' barrier orders a tile's reads of `exchange` before the next tile's writes
-        gl.static_assert(P_COLS == NUM_HEADS, "P^T in 16 bits: one column a row")
-        exchange = gl.allocate_shared_memory(gl.float32, [NUM_HEADS, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        factors = gl.allocate_shared_memory(gl.float32, [NUM_HEADS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    return (kv_latent, kv_rope, loaded), (q_latent, q_rope, pt_smem)
 
-    if SERVING:
-        # Spans: one segment per request the program's span of the batch's tiles meets, the ring's
-        # barriers counting on across them (`consumed`: the tiles the earlier ones waited for).
-        # Chunks: one split of one request, in code of its own, so that nothing is held over a loop.
-        if SPANS and spans:  # a loop over the span's segments (NOTES.md h42)
-            consumed = 0
-            for segment in range(segments):
-                split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end = _span_segment(
-                    CACHE_SEQLENS, pid1, request, tile_begin, total, used, capacity, BLOCK_N)
-                if segment > 0:
-                    gl.thread_barrier()  # every warp is done with the ring and q of the segment before
-                consumed = _serve_segment(
-                    Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale,
-                    BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, request, True, group, split,
-                    num_splits, first_work, kv_begin, kv_end, seq_len, poison, consumed, sm_scale_log2, kv_rows,
-                    num_blocks, target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token,
-                    stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
-                    stride_lse_head, stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL,
-                    NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange,
-                    factors, GATHER, KV, stride_kv_row)
-                request += 1
-                tile_begin = tile_end
-        else:
-            request, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = _serving_work(
-                CACHE_SEQLENS, pid1, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
-                WARPS)
-            _serve_segment(
-                Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale, BLOCK_TABLE,
-                OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, request, request < batch_size, group, split,
-                num_splits, first_work, kv_begin, kv_end, seq_len, poison, 0, sm_scale_log2, kv_rows, num_blocks,
-                target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token, stride_q_head,
-                stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE,
-                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange, factors, GATHER, KV, stride_kv_row)
-        for ring_slot in gl.static_range(STAGES):
-            mbarrier.invalidate(loaded.index(ring_slot))
-    else:
-        acc0, acc1, acc2, acc3, running_max, row_sums, _ = _split_tiles(
-            lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
-            kv_begin, kv_end, num_tiles, 0, 0, sm_scale_log2, kv_rows, 0, 0, 0, 0, 0, FP8_MAX, STAGES, WARPS,
-            PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA)
-        for ring_slot in gl.static_range(STAGES):
-            mbarrier.invalidate(loaded.index(ring_slot))
-        # Epilogue: the output row, or this split's partial and then the row's merge.
-        out_row = OUT + batch * stride_o_token
-        slot_id = batch * NUM_SPLITS + split
-        _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O,
-                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)
-        if NUM_SPLITS > 1:
-            _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS, NUM_SPLITS,
-                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)
+
+@gluon.jit
+def _release_ring(ring, STAGES: gl.constexpr):
+    """The ring's barriers invalidated, at the program's end."""
+    loaded = ring[2]
+    for ring_slot in gl.static_range(STAGES):
+        mbarrier.invalidate(loaded.index(ring_slot))
 
 
 @gluon.jit
@@ -2468,64 +2321,201 @@ def _mla_decode_fp8_hopper_kernel(
     Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
     sm_scale_log2, kv_rows, stride_q_token, stride_o_token,
     FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-    COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
-    ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+    COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, BLOCK_N: gl.constexpr = 64,
 ):
-    """_hopper_decode over custom_kernel's contiguous rows: grid (batch, NUM_SPLITS)."""
-    _hopper_decode(Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, 0, 0, OUT, 0, PARTIAL_O, PARTIAL_LSE,
-                   SPLIT_TICKETS, sm_scale_log2, 1.0, kv_rows, stride_q_token, stride_o_token, 0, 0, 0, 0, 0, 0, 0, 0,
-                   0, 0, 0, 0, 0, 0, 0, FP8_MAX, NUM_SPLITS, STAGES, WARPS, COOPERATIVE_MERGE, 0, False, True, 32, 1,
-                   NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N)
+    """custom_kernel's fp8 rows (contiguous, from kv_indptr) on Hopper. Grid (batch, NUM_SPLITS):
+    the 16 heads of row `batch`'s one query token x one equal split of its KV rows, the split merge
+    fused as in _mla_decode_kernel (same partials, lse and tickets; same results within rounding).
+    Decode has one query row per batch row: q is read at row `batch`, and a qo_indptr that says
+    otherwise poisons the row (_row_poison, used only in the epilogue), as does a KV range outside
+    the cache. TMA reads zeros outside the cache; the range is also cut to the cache's rows, so a
+    row far outside it loops over no tiles. Every global read the prologue needs is issued before
+    any of them is used: the scale, q and the indptrs; the first TMA issue waits for the indptrs
+    only (one memory latency)."""
+    S_MMA: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, True, False)[0]
+    O_MMA: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, True, False)[1]
+    ROWS: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, True, False)[2]
+    batch = gl.program_id(0)
+    split = gl.program_id(1)
+    kv_scale = gl.load(KV_SCALE)
+    q = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
+    row_begin = gl.load(KV_INDPTR + batch)
+    row_end = gl.load(KV_INDPTR + batch + 1)
+    poison = _row_poison(QO_INDPTR, batch, row_begin, row_end, kv_rows)
+    kv_begin, kv_end = _split_bounds(row_begin, row_end, split, NUM_SPLITS, BLOCK_N)
+    kv_begin = gl.maximum(kv_begin, 0)
+    kv_end = gl.minimum(kv_end, kv_rows)
+    num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
+
+    ring, q_and_p = _tokens_as_m_smem(STAGES, NUM_HEADS, BLOCK_N, True)
+    q_latent, q_rope, pt_smem = q_and_p
+    acc, running_max, row_sums, _ = _split_tiles(
+        (lat_desc, rope_desc), ring, (q_latent, q_rope, pt_smem, None, None), q, kv_scale, sm_scale_log2, (kv_begin, kv_end, num_tiles, 0),
+        (0, kv_rows, 0), None, FP8_MAX, STAGES, WARPS, 0, False, NUM_HEADS, BLOCK_N, True, (S_MMA, O_MMA))
+    _release_ring(ring, STAGES)
+
+    # Epilogue: the output row, or this split's partial and then the row's merge.
+    acc0, acc1, acc2, acc3 = acc
+    out_row = OUT + batch * stride_o_token
+    slot_id = batch * NUM_SPLITS + split
+    _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O,
+                 PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)
+    if NUM_SPLITS > 1:
+        _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS, NUM_SPLITS,
+                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)
+
+
+@gluon.jit
+def _serve_segment(cache, ring, staging, io, work, rows, sizes, strides, kv_scale, sm_scale_log2,
+                   FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                   CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+                   LAYOUTS: gl.constexpr, PV_F16: gl.constexpr, GATHER: gl.constexpr):
+    """One split of a request on the serving API's pages (`work`: the request, whether it is one
+    (a work item past the last request reads and writes nothing), split `split` of num_splits,
+    tokens [kv_begin, kv_end), partial slots from first_work, the request's length and poison, and
+    `consumed`, the ring's tiles the program read before): q's rows, the tiles (_split_tiles), then
+    the request's rows or this split's partial (_store_serving). Returns consumed plus the tiles
+    read."""
+    Q, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS = io
+    request, live, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, consumed = work
+    group, num_heads, q_len = rows
+    kv_rows, num_blocks, slots = sizes
+    q_strides, stride_bt, out_strides = strides
+    stride_q_batch, stride_q_token, stride_q_head = q_strides
+    ROWS: gl.constexpr = LAYOUTS[2]
+    row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
+    q = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE,
+                q_token * stride_q_token + head * stride_q_head, row_ok & live)
+    num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
+    acc, running_max, row_sums, bad_blocks = _split_tiles(
+        cache, ring, staging, q, kv_scale, sm_scale_log2, (kv_begin, kv_end, num_tiles, consumed),
+        (BLOCK_TABLE + request.to(gl.int64) * stride_bt, kv_rows, num_blocks), (seq_len, group, num_heads, q_len),
+        FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, BLOCK_N, KV_FP8, LAYOUTS, PV_F16, GATHER)
+    if live:
+        _store_serving(acc, running_max, row_sums, kv_scale, poison + gl.where(bad_blocks != 0, float("nan"), 0.0),
+                       (OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS), (request, split, num_splits, first_work),
+                       rows, slots, out_strides, WARPS, NUM_HEADS, KV_FP8, PV_F16)
+    return consumed + num_tiles
+
+
+@gluon.jit
+def _serve_pages(
+    cache, KV_SCALE, io, schedule, sizes, strides, sm_scale_log2, kv_scale_value,
+    FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    CAUSAL: gl.constexpr, KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
+    NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, SPANS: gl.constexpr,
+    PV_F16: gl.constexpr, SHARED_MAX: gl.constexpr, GATHER: gl.constexpr,
+):
+    """The serving API's pages, tokens as M: grid (row groups, work items); program (group, item)
+    takes the query rows (query token, head) group x NUM_HEADS ... of the requests its work item
+    names. The work items come from a schedule every program computes from cache_seqlens (no host
+    sync: a replayed graph follows new lengths): a chunk of one request each (_serving_work), or,
+    with SPANS and where _span_start's cost model takes them, one span of the batch's tiles each,
+    the program looping over the requests it meets (_span_segment; the ring's barriers count on
+    across them). Each segment's schedule comes first (it names the request), then q and the first
+    tiles' block ids. io: (Q, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS);
+    schedule: (CACHE_SEQLENS, batch size, block-table capacity in tokens, target splits, shortest
+    chunk); sizes: (kv_rows, num_blocks, num_heads, q_len); strides: (q's, the block table's, out's
+    and lse's)."""
+    gl.static_assert(KV_FP8 or not PV_F16, "PV_F16 is P.V over an fp8 cache")
+    gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
+    gl.static_assert(PAGE_SIZE % BLOCK_N == 0 or GATHER, "TMA reads a tile from one page")
+    CACHE_SEQLENS, batch_size, capacity, target_splits, min_chunk = schedule
+    kv_rows, num_blocks, num_heads, q_len = sizes
+    LAYOUTS: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, KV_FP8, PV_F16)
+    group = gl.program_id(0)
+    item = gl.program_id(1)
+    if KV_SCALE_IN_TENSOR:
+        kv_scale = gl.load(KV_SCALE)
+    else:
+        kv_scale = kv_scale_value
+    if SPANS:
+        spans, segments, request, tile_begin, total, used = _span_start(
+            CACHE_SEQLENS, item, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
+            WARPS)
+    ring, q_and_p = _tokens_as_m_smem(STAGES, NUM_HEADS, BLOCK_N, KV_FP8, PV_F16)
+    q_latent, q_rope, pt_smem = q_and_p
+    if SHARED_MAX:  # a tile's partial row maxima (rows x 4 token warps) and its rescale factors (_split_tiles);
+        # one buffer each: the factors' barrier orders a tile's reads of `exchange` before the next tile's writes
+        gl.static_assert(PV_F16 or not KV_FP8, "P^T in 16 bits: one column a row")
+        exchange = gl.allocate_shared_memory(gl.float32, [NUM_HEADS, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        factors = gl.allocate_shared_memory(gl.float32, [NUM_HEADS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        staging = (q_latent, q_rope, pt_smem, exchange, factors)
+    else:
+        staging = (q_latent, q_rope, pt_smem, None, None)
+    rows = (group, num_heads, q_len)
+    # Spans: one segment per request the program's span of the batch's tiles meets, the ring's
+    # barriers counting on across them (`consumed`: the tiles the earlier ones waited for).
+    # Chunks: one split of one request, in code of its own, so that nothing is held over a loop.
+    if SPANS and spans:
+        consumed = 0
+        for segment in range(segments):
+            split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end = _span_segment(
+                CACHE_SEQLENS, item, request, tile_begin, total, used, capacity, BLOCK_N)
+            if segment > 0:
+                gl.thread_barrier()  # every warp is done with the ring and q of the segment before
+            consumed = _serve_segment(
+                cache, ring, staging, io,
+                (request, True, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, consumed), rows,
+                (kv_rows, num_blocks, target_splits + batch_size), strides, kv_scale, sm_scale_log2, FP8_MAX, STAGES,
+                WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, BLOCK_N, KV_FP8, LAYOUTS, PV_F16, GATHER)
+            request += 1
+            tile_begin = tile_end
+    else:
+        request, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = _serving_work(
+            CACHE_SEQLENS, item, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
+            WARPS)
+        _serve_segment(
+            cache, ring, staging, io,
+            (request, request < batch_size, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, 0),
+            rows, (kv_rows, num_blocks, target_splits + batch_size), strides, kv_scale, sm_scale_log2, FP8_MAX,
+            STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, BLOCK_N, KV_FP8, LAYOUTS, PV_F16, GATHER)
+    _release_ring(ring, STAGES)
 
 
 @gluon.jit
 def _mla_decode_paged_hopper_kernel(
     Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
-    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
-    stride_lse_batch, stride_lse_head, stride_lse_token,
+    q_len, q_strides, stride_bt, out_strides,
     FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
-    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
+    BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False,
 ):
-    """_hopper_decode over the serving API's pages: grid (row groups, chunks plus one per request);
-    with SPANS, where a call takes spans, the first `used` programs of each group take a span each
-    and the rest exit. See mla_decode_with_kvcache, _span_start, _span_segment and _serving_work."""
-    _hopper_decode(Q, lat_desc, rope_desc, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_COUNTS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
-                   stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
-                   stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
-                   stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
-                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
-                   SPANS, PV_F16, SHARED_MAX)
+    """The serving API's pages of whole tiles (PAGE_SIZE 64 or 128), read by TMA (_serve_pages):
+    grid (row groups, chunks plus one per request); with SPANS, where a call takes spans, the first
+    `used` programs of each group take a span each and the rest exit."""
+    _serve_pages((lat_desc, rope_desc), KV_SCALE,
+                 (Q, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS),
+                 (CACHE_SEQLENS, batch_size, capacity, target_splits, min_chunk),
+                 (kv_rows, num_blocks, num_heads, q_len), (q_strides, stride_bt, out_strides), sm_scale_log2,
+                 kv_scale_value, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, KV_SCALE_IN_TENSOR, BATCH_BLOCK,
+                 MAX_SPLITS, NUM_HEADS, BLOCK_N, KV_FP8, SPANS, PV_F16, SHARED_MAX, False)
 
 
 @gluon.jit
 def _mla_decode_gathered_hopper_kernel(
     Q, KV, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
-    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
-    stride_lse_batch, stride_lse_head, stride_lse_token, stride_kv_row,
+    q_len, q_strides, stride_bt, out_strides, stride_kv_row,
     FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
-    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
+    BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False,
 ):
     """_mla_decode_paged_hopper_kernel for pages shorter than a tile (PAGE_SIZE 1 ... 32): the cache
-    KV (blocks, PAGE_SIZE, 1, 576) read a row per token by cp.async (GATHER in _split_tiles), as
-    blocks x PAGE_SIZE rows stride_kv_row apart (a 16-byte multiple; blocks back to back:
-    tma_can_read)."""
+    KV (blocks, PAGE_SIZE, 1, 576) read a row per token by cp.async, as blocks x PAGE_SIZE rows
+    stride_kv_row apart (a 16-byte multiple; blocks back to back: tma_can_read)."""
     gl.static_assert(PAGE_SIZE < BLOCK_N, "pages of whole tiles take the TMA kernel")
-    _hopper_decode(Q, None, None, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_COUNTS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
-                   stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
-                   stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
-                   stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
-                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
-                   SPANS, PV_F16, SHARED_MAX, True, KV, stride_kv_row)
+    _serve_pages((KV, stride_kv_row), KV_SCALE,
+                 (Q, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS),
+                 (CACHE_SEQLENS, batch_size, capacity, target_splits, min_chunk),
+                 (kv_rows, num_blocks, num_heads, q_len), (q_strides, stride_bt, out_strides), sm_scale_log2,
+                 kv_scale_value, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, KV_SCALE_IN_TENSOR, BATCH_BLOCK,
+                 MAX_SPLITS, NUM_HEADS, BLOCK_N, KV_FP8, SPANS, PV_F16, SHARED_MAX, True)
 
 
 # --- the serving API's caches with query rows as the MMA's M: the seesaw kernel -------------
@@ -2559,14 +2549,17 @@ def _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, ca
 
 
 @gluon.jit
-def _sw_loader(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program, spans,
-               segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows, num_blocks, stride_bt,
-               STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,
-               CHUNK: gl.constexpr):
+def _sw_loader(cache, ring, tables, sched, sizes, stride_bt, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr,
+               BLOCK_N: gl.constexpr):
     """The loader warp: every tile of the program's segments, in order, into ring slot g % STAGES
     (g: the tile's number across segments) once both compute warpgroups released tile g - STAGES.
     A block id outside the cache is read at kv_rows (TMA reads zeros there); the compute
     warpgroups poison its request (_sw_compute)."""
+    lat_desc, rope_desc = cache
+    kv_latent, kv_rope, loaded, free = ring
+    CACHE_SEQLENS, BLOCK_TABLE = tables
+    program, spans, segments, request, tile_begin, total, used, chunk = sched
+    capacity, batch_size, kv_rows, num_blocks = sizes
     TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + kv_rope.shape[2]) * (kv_latent.dtype.primitive_bitwidth // 8)
     consumed = 0
     for _segment in range(segments):
@@ -2689,15 +2682,18 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG:
 
 
 @gluon.jit
-def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
-              request, group, split, slots, num_splits, first_work, num_heads, q_len, stride_o_batch, stride_o_token,
-              stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token, WG: gl.constexpr,
+def _sw_store(acc, m_run, l_s, l_o, kv_scale, poison, outs, work, rows, slots, out_strides, WG: gl.constexpr,
               KV_FP8: gl.constexpr = True):
     """_store_serving for warpgroup WG's 256 latent dims of the 64 rows: out and lse for a request
     of one split; otherwise its half of the split's float32 partial, and warpgroup 0 the split's lse
     (both warpgroups hold the same) and the request's split count, for _mla_combine_kernel. A bf16
     cache's accumulators (dims in order: V^T from shared memory) are stored from the MMA's
     layout."""
+    acc0, acc1 = acc
+    OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS = outs
+    request, split, num_splits, first_work = work
+    group, num_heads, q_len = rows
+    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
     if KV_FP8:
         OUT_L: gl.constexpr = _output_layout(4, 64, False)
         o0 = gl.convert_layout(_rows_to_dims(acc0, 4, True), OUT_L)
@@ -2743,12 +2739,9 @@ def _sw_running_max(m_smem, m_run):
 
 
 @gluon.jit
-def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free, tile_max,
-                pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, CACHE_SEQLENS, BLOCK_TABLE,
-                group, program, spans, segments, request, tile_begin, total, used, chunk, kv_scale, sm_scale_log2,
-                capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides, stride_bt, out_strides,
-                FP8_MAX: gl.constexpr, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
-                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
+def _sw_compute(smem, bars, io, sched, scales, sizes, strides, FP8_MAX: gl.constexpr, STAGES: gl.constexpr,
+                PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+                WG: gl.constexpr):
     """Compute warpgroup WG (4 warps) over the program's segments. Per segment: its 32 rows of q
     (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1), both
     warpgroups in step (NOTES.md h54): S of tile 2j + WG, its row maxima exchanged through m_smem
@@ -2767,8 +2760,14 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, MMA_K])
     S_ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     O_COL: gl.constexpr = gl.SliceLayout(0, O_MMA)
+    kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem = smem
+    loaded, free, tile_max, pub, done, fin, staged = bars
+    Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, CACHE_SEQLENS, BLOCK_TABLE = io
+    group, program, spans, segments, request, tile_begin, total, used, chunk = sched
+    kv_scale, sm_scale_log2 = scales
+    capacity, batch_size, num_blocks, num_heads, q_len, slots = sizes
+    q_strides, stride_bt, out_strides = strides
     stride_q_batch, stride_q_token, stride_q_head = q_strides
-    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
     tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     consumed = 0
     pairs = 0
@@ -2866,10 +2865,9 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
         l_s = l_smem.slice(0, 64).load(S_ROW) + l_smem.slice(64, 64).load(S_ROW)
         l_o = l_smem.slice(0, 64).load(O_COL) + l_smem.slice(64, 64).load(O_COL)
         if live:
-            _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE,
-                      SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads, q_len,
-                      stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                      stride_lse_token, WG, KV_FP8)
+            _sw_store((acc0, acc1), m_run, l_s, l_o, kv_scale, poison, (OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS),
+                      (request, split, num_splits, first_work), (group, num_heads, q_len), slots, out_strides, WG,
+                      KV_FP8)
         request += 1
         tile_begin = tile_end
 
@@ -2902,13 +2900,12 @@ def _sw_barriers(STAGES: gl.constexpr):
 def _mla_decode_seesaw_kernel(
     Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
-    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
-    stride_lse_batch, stride_lse_head, stride_lse_token,
+    q_len, q_strides, stride_bt, out_strides,
     FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 64,
-    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
+    BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False,
 ):
     """The serving API's caches on pages of whole tiles with query rows as the MMA's M (NOTES.md
     h51): grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
@@ -2920,8 +2917,8 @@ def _mla_decode_seesaw_kernel(
     32-token tiles, so that STAGES (4) slots of 36 KiB fit beside 72 KiB of bf16 q and 8 KiB of
     bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by the MMA."""
     gl.static_assert(not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows, 4 warps")
-    gl.static_assert(BLOCK_N == (64 if KV_FP8 else 32) and CHUNK == 128 and LATENT == 512
-                     and PAGE_SIZE % BLOCK_N == 0, "tiles of 64 (fp8) or 32 (bf16) tokens of one page")
+    gl.static_assert(BLOCK_N == (64 if KV_FP8 else 32) and PAGE_SIZE % BLOCK_N == 0,
+                     "tiles of 64 (fp8) or 32 (bf16) tokens of one page")
     group = gl.program_id(0)
     program = gl.program_id(1)
     if KV_SCALE_IN_TENSOR:
@@ -2967,25 +2964,21 @@ def _mla_decode_seesaw_kernel(
     _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(0), 0, 0, False,
                BLOCK_N * 576 * (KV_DTYPE.primitive_bitwidth // 8), 4, 128, 512)
     gl.thread_barrier()
-    q_strides = (stride_q_batch, stride_q_token, stride_q_head)
-    out_strides = (stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token)
-    slots = target_splits + batch_size
+    smem = (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem)
+    bars = (loaded, free, tile_max, pub, done, fin, staged)
+    io = (Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, CACHE_SEQLENS, BLOCK_TABLE)
+    sched = (group, program, spans, segments, request, tile_begin, total, used, chunk)
+    sizes = (capacity, batch_size, num_blocks, num_heads, q_len, target_splits + batch_size)
+    strides = (q_strides, stride_bt, out_strides)
     gl.warp_specialize([
-        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
-                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
-                       CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
-                       used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
-                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, BLOCK_N,
-                       KV_FP8, 0)),
-        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
-                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
-                       CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
-                       used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
-                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, BLOCK_N,
-                       KV_FP8, 1)),
-        (_sw_loader, (lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program,
-                      spans, segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows,
-                      num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK))],
+        (_sw_compute, (smem, bars, io, sched, (kv_scale, sm_scale_log2), sizes, strides, FP8_MAX, STAGES, PAGE_SIZE,
+                       CAUSAL, BLOCK_N, KV_FP8, 0)),
+        (_sw_compute, (smem, bars, io, sched, (kv_scale, sm_scale_log2), sizes, strides, FP8_MAX, STAGES, PAGE_SIZE,
+                       CAUSAL, BLOCK_N, KV_FP8, 1)),
+        (_sw_loader, ((lat_desc, rope_desc), (kv_latent, kv_rope, loaded, free), (CACHE_SEQLENS, BLOCK_TABLE),
+                      (program, spans, segments, request, tile_begin, total, used, chunk),
+                      (capacity, batch_size, kv_rows, num_blocks), stride_bt, STAGES, PAGE_SIZE,
+                      BLOCK_N))],
         [4, 1], [240, 32])
 
 
@@ -3176,9 +3169,9 @@ def _hopper_paged_signature(cache, page, tokens=64):
         "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
         "PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
         **{name: "i32" for name in (
-            "kv_rows", "num_blocks", "capacity", "batch_size", "target_splits", "min_chunk", "num_heads", "q_len",
-            "stride_q_batch", "stride_q_token", "stride_q_head", "stride_bt", "stride_o_batch", "stride_o_token",
-            "stride_o_head", "stride_lse_batch", "stride_lse_head", "stride_lse_token") + gathered},
+            "kv_rows", "num_blocks", "capacity", "batch_size", "target_splits", "min_chunk", "num_heads", "q_len")},
+        "q_strides": ("i32",) * 3, "stride_bt": "i32", "out_strides": ("i32",) * 6,
+        **{name: "i32" for name in gathered},
     }
 
 
@@ -4727,9 +4720,9 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
                   "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits)}
     scalars = _with_k_scale((
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
-        batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),
-        block_table.stride(0), out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        lse.stride(2), *((k_cache.stride(1),) if gather else ())), k_scale)
+        batch, plan.num_splits, params["min_chunk"], h_q, s_q, (q.stride(0), q.stride(1), q.stride(2)),
+        block_table.stride(0), (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+                                lse.stride(2)), *((k_cache.stride(1),) if gather else ())), k_scale)
 
     def cache_args(k_cache):  # the gathered kernel reads the cache; the TMA one its two descriptors
         return (k_cache,) if gather else kv_descriptors(k_cache, True, params.get("block_n", 64))
