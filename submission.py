@@ -56,6 +56,8 @@ NUM_KV_HEADS = 1  # MLA: every query head reads the same latent row
 QK_HEAD_DIM = 576  # keys use all 576 dims: 512 latent + 64 rope
 V_HEAD_DIM = 512  # values are the first 512 dims of the same latent row
 ROPE_DIM = QK_HEAD_DIM - V_HEAD_DIM
+LATENT = tl.constexpr(V_HEAD_DIM)  # the two, as the kernels read them
+ROPE = tl.constexpr(ROPE_DIM)
 SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)  # the problem's softmax scale; check_inputs holds config to it
 LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2: scores are scaled by sm_scale * log2(e)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)  # gfx950 / NVIDIA, gfx942
@@ -574,8 +576,7 @@ def _mla_decode_kernel(
     stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
     FP8_MAX: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = True,
     PAGE_SIZE: tl.constexpr = 0, CAUSAL: tl.constexpr = False, WRITE_LSE: tl.constexpr = False,
-    KV_SCALE_IN_TENSOR: tl.constexpr = True, ROWS: tl.constexpr = 16, LATENT: tl.constexpr = 512,
-    ROPE: tl.constexpr = 64,
+    KV_SCALE_IN_TENSOR: tl.constexpr = True, ROWS: tl.constexpr = 16,
 ):
     """Split-KV MLA decode over an fp8 or bf16 latent cache, the split merge fused into the last
     split. One core for both entry points: custom_kernel's contiguous rows (PAGE_SIZE 0, rows
@@ -1168,9 +1169,7 @@ def _is_hopper():
 
 HOPPER = _is_hopper()
 HOPPER_CHUNK = 128  # latent dims per V transpose and P.V product (4 per token)
-LATENT = gl.constexpr(V_HEAD_DIM)  # the Gluon kernels' latent dims, rope dims and dims per latent box
-ROPE = gl.constexpr(ROPE_DIM)
-CHUNK = gl.constexpr(HOPPER_CHUNK)
+CHUNK = gl.constexpr(HOPPER_CHUNK)  # the same, for the Gluon kernels
 TMA_BOX_BYTES = 128  # bytes of latent dims per row of a 3D TMA box: the 128-byte swizzle the MMAs read
 
 
