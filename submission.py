@@ -1,31 +1,36 @@
 #!POPCORN leaderboard amd-mixed-mla
 #!POPCORN gpu MI355X
-"""DeepSeek-R1 MLA decode (forward-absorb): the amd-mixed-mla leaderboard's entry point and an
-interface for inference engines shaped like FlashMLA's, over one core.
+"""DeepSeek-R1 MLA decode (forward-absorb, 576 = 512 latent + 64 rope dims, one KV head): the
+amd-mixed-mla leaderboard's entry point and an interface for inference engines shaped like
+FlashMLA's, over one core.
 
-Two entry points:
-  custom_kernel(data)  the leaderboard's convention (contiguous KV rows from kv_indptr, 16 heads,
-      one query token). It checks the input, picks one row of the active route table for the
-      call's (batch, kv_len) and runs that row's route. Where aiter imports and its API is one this
-      file knows, the aiter table is active; elsewhere (NVIDIA, ROCm without aiter, CPU under
-      TRITON_INTERPRET=1) the Triton table is, after one warning line on stderr.
-  get_mla_decode_metadata() / mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
-      plan, ...)  a paged cache (bf16, or fp8 with k_scale), 1-128 heads, 1-8 query tokens with a
-      causal mask, out and lse, CUDA-graph safe; SERVING_ROUTE_TABLE says which route serves a plan
-      (AITER_SERVING_TABLE first where aiter loaded: aiter's decode for the cases it serves).
-The shared core: _mla_decode_kernel (one Triton kernel, generalised by constexprs: contiguous rows
-or a page size, rows per program, causal, cache dtype), decode_launch_args (its argument list for
-both entry points) and launch (the direct launch path); on Hopper, _hopper_decode (Gluon: contiguous
-rows for custom_kernel's fp8 rows, or pages of 64-128 tokens with a token-balanced schedule for
-the API's fp8 caches).
+Entry points
+  custom_kernel(data)            the leaderboard's call: contiguous KV rows (bf16, fp8, mxfp4), 16
+                                 heads, one query token; routed by the active route table
+  get_mla_decode_metadata(),     the serving API: a paged bf16 or fp8 cache, 1-128 heads, 1-8
+  mla_decode_with_kvcache(...)   query tokens (causal), out and lse, CUDA-graph safe; routed by
+                                 SERVING_ROUTE_TABLE (serving_route)
 
-Sections, in reading order (each opened by a banner; none refers at import time to a later one):
-  constants; input checks; host machinery (launch, caches, workspaces); Triton kernels and their
-  routes (portable); the Hopper route (Gluon, sm_90); aiter routes (MI355X); route registry
-  (ROUTES, ROUTE_INFO, labels); route tables (data, rewritten by tune.py); router and
-  custom_kernel; serving API; candidate race (an optional layer over the router: measures a row's
-  candidates once per job in a separate process and keeps the fastest right one).
-Measurements behind the choices are in NOTES.md under the ids cited.
+Sections, in order (none refers at import time to a later one)
+  constants; entry points; input checks; custom_kernel's route (the route tables, data rewritten
+  by tune.py, and the router); the serving API's route; host machinery (launch, caches); portable
+  Triton kernels; Hopper Gluon kernels (shared helpers, the schedule, the tokens-as-M kernels, the
+  seesaw kernel, the combine kernel, host side); aiter routes; route registry; the serving API's
+  plan and launches; candidate race (measures a racing row's candidates once per job).
+
+Kernels, and the cases each serves
+  _mla_decode_kernel                  portable Triton (any GPU; the CPU under TRITON_INTERPRET=1):
+                                      custom_kernel's fp8 rows off Hopper, every serving case no
+                                      other row takes (another GPU, a cache TMA cannot read)
+  _mla_decode_mxfp4_kernel            portable Triton: custom_kernel's mxfp4 rows
+  _mla_decode_fp8_hopper_kernel       Hopper: custom_kernel's fp8 rows, tokens as the MMA's M, TMA
+  _mla_decode_paged_hopper_kernel     Hopper: serving pages of 64 or 128 tokens, tokens as M (fp8
+                                      below 64 query rows, bf16 below 64 rows)
+  _mla_decode_gathered_hopper_kernel  Hopper: serving pages of 1-32 tokens, rows gathered by cp.async
+  _mla_decode_seesaw_kernel           Hopper: serving pages of 64 or 128 tokens with 64+ query rows,
+                                      query rows as M, two compute warpgroups and a loader warp
+  _mla_combine_kernel                 Hopper: the serving kernels' split requests merged
+  aiter routes                        MI355X: aiter's decode kernels, both entry points
 """
 import functools
 import hashlib
@@ -41,11 +46,11 @@ import subprocess
 import sys
 import tempfile
 import time
-
+from dataclasses import dataclass, field
+from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-
 from task import input_t, output_t
 
 # =============================================================================================
@@ -69,6 +74,148 @@ CONFIG_KEYS = frozenset({"batch_size", "q_seq_len", "kv_seq_len", "sm_scale"})  
 KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 # bytes a route reads per KV token in each format (mxfp4: 288 packed bytes + 18 scale bytes)
 KV_BYTES_PER_TOKEN = {"bf16": 2 * QK_HEAD_DIM, "fp8": QK_HEAD_DIM, "mxfp4": MXFP4_ROW_BYTES + MXFP4_SCALES_PER_ROW}
+
+
+# =============================================================================================
+# Entry points: custom_kernel (the leaderboard's) and the serving API (FlashMLA's shape)
+# Each reads check -> plan -> launch. What they call is defined further down: the input checks,
+# the route choice (the route tables, and serving_route for the serving API), then the kernels.
+# =============================================================================================
+
+
+def custom_kernel(data: input_t) -> output_t:
+    """MLA decode attention for one batch of query rows.
+
+    Args:
+        data: (q, kv_data, qo_indptr, kv_indptr, config) as the leaderboard's generate_input makes it:
+            q (batch, 16, 576) bf16; kv_data {"bf16": (total_kv, 1, 576) bf16, "fp8": (data, scale),
+            "mxfp4": (data, block scales)}; qo_indptr, kv_indptr (batch + 1,) int32; config with
+            batch_size, q_seq_len (1), kv_seq_len and sm_scale (1 / sqrt(576)). Every tensor on one
+            device; q in any layout; each KV tensor with a contiguous last dimension.
+    Returns:
+        A fresh (batch, 16, 512) bf16 tensor: softmax(sm_scale * q k^T) v over each batch row's KV
+        rows, as read by the route that the active table picks for (batch, kv_len).
+    Raises:
+        ValueError naming the field when a shape, dtype, device, layout or config entry is off
+        (no GPU sync).
+    """
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    q, qo_indptr, kv_indptr, batch, total_kv = check_inputs(q, kv_data, qo_indptr, kv_indptr, config)
+    data = (q, kv_data, qo_indptr, kv_indptr, config)
+    key, selection = _selection(batch, total_kv // batch, declares_uniform_kv(batch, total_kv, config))
+    if selection.racing:
+        return race_call(key, selection, data, batch, total_kv)
+    return _run(selection.candidate, data, total_kv, selection.label)
+
+
+class PlanShape(NamedTuple):
+    """What a serving plan is filled for: a call's batch, query tokens, heads, page size, cache
+    format ("bf16" or "fp8") and causal flag."""
+    batch: int
+    s_q: int
+    h_q: int
+    page_size: int
+    kv: str
+    causal: bool
+
+
+@dataclass(eq=False)
+class MlaDecodePlan:
+    """What get_mla_decode_metadata returns. Empty until the first mla_decode_with_kvcache call
+    that uses it; that call fixes its shape, chooses the route (serving_route), the kernel and the
+    split count, and allocates the split workspace. Reuse it for every call (and layer) of that
+    shape: the split bounds are computed by the kernel from cache_seqlens on the GPU, so new
+    lengths and block-table contents need no new plan, eagerly or in a replayed CUDA graph. Calls
+    that share a plan must run in order on one GPU queue, as an engine's layers do.
+
+    num_splits: None (the first call chooses); set it to a count before the first call to fix it.
+    The portable route cuts every request into num_splits equal splits (by default enough programs
+    to fill the GPU twice, no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's
+    capacity); the Hopper route cuts the batch's tokens into about num_splits chunks (by default
+    one per program slot of the GPU), each request into its share of them, or (rows with "spans")
+    gives each program an equal span of the batch's tiles across requests, whichever is shorter
+    for the call's lengths."""
+
+    num_splits: int | None = None
+    shape: PlanShape | None = None  # once filled
+    route: dict | None = None  # the SERVING_ROUTE_TABLE row serving the plan
+    kernel: object = None  # the kernel it launches (None: the row's aiter route)
+    spans: bool = False  # the Hopper kernel with the span schedule
+    workspace: tuple | None = None  # (partials, partial lse, the portable kernel's tickets or the Hopper split counts)
+    launches: dict = field(default_factory=dict)  # call signature -> how such a call runs (_prepare_call)
+    fallback: "MlaDecodePlan | None" = None  # the portable route's plan, for calls whose cache TMA cannot read
+    aiter: object = None  # an aiter route's AiterServingBuffers (MI355X only)
+
+    def __repr__(self):
+        if self.shape is None:
+            return "MlaDecodePlan(empty)"
+        fields = ", ".join(f"{name}={value}" for name, value in self.shape._asdict().items())
+        return f"MlaDecodePlan({fields}, num_splits={self.num_splits}, route={self.route['route']})"
+
+
+def get_mla_decode_metadata(*args, **kwargs) -> tuple[MlaDecodePlan, None]:
+    """An empty plan for mla_decode_with_kvcache, as FlashMLA's get_mla_metadata returns one.
+
+    Args:
+        Anything: FlashMLA's callers pass (cache_seqlens, s_q * h_q, 1) or nothing; the plan
+        fills itself on its first use, so the arguments are not needed and not read.
+    Returns:
+        (plan, None): an MlaDecodePlan, and None where FlashMLA returns its split counts.
+    """
+    del args, kwargs
+    return MlaDecodePlan(), None
+
+
+def mla_decode_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                            cache_seqlens: torch.Tensor, head_dim_v: int, plan: MlaDecodePlan,
+                            num_splits: int | None = None, softmax_scale: float | None = None, causal: bool = False,
+                            k_scale: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode attention over a paged latent cache, as FlashMLA's flash_mla_with_kvcache.
+
+    Args:
+        q: (batch, s_q, h_q, 576) bfloat16, any layout; s_q 1..8 query tokens, h_q 1..128 heads.
+        k_cache: (num_blocks, page_size, 1, 576) bfloat16, or fp8 (float8_e4m3fn; e4m3fnuz on
+            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous; its start
+            on 16 bytes, its block and row strides multiples of 16 elements.
+        block_table: (batch, max_blocks) int32: request b's token p is in block
+            block_table[b, p // page_size], row p % page_size. Entries past a request's used
+            blocks are never read.
+        cache_seqlens: (batch,) int32 tokens per request (0: nothing attended).
+        head_dim_v: 512.
+        plan: from get_mla_decode_metadata(); reuse it for calls of the same shape.
+        num_splits: None (the plan chooses).
+        softmax_scale: default 1 / sqrt(576).
+        causal: query token i attends the first cache_seqlens - s_q + i + 1 tokens (the cache
+            already holds the s_q new tokens); otherwise all cache_seqlens tokens.
+        k_scale: fp8 cache only, the dequantisation scale (value = fp8 x k_scale): a Python float,
+            or a float32 tensor of one element on q's device (read by the kernel: no sync).
+    Returns:
+        out: fresh (batch, s_q, h_q, 512) bfloat16 attention output.
+        lse: fresh (batch, h_q, s_q) float32 natural-log sum of exp(softmax_scale q.k) over the
+            attended tokens. A row with nothing attended has out 0 and lse +inf. A request whose
+            length is negative or beyond its block_table row, or whose used block ids are outside
+            the cache, comes back NaN (never read outside the cache).
+    Raises:
+        ValueError naming the argument for shapes, dtypes, devices, layouts and page sizes outside
+        the above (no GPU sync), or for a plan filled by a call of another shape.
+    """
+    # check: a call whose signature (shapes, strides, dtypes, devices, arguments) the plan has seen
+    # was checked then, and pays attribute reads only
+    signature = _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
+                                   causal, k_scale)
+    try:
+        run = None if signature is None else plan.launches.get(signature)
+    except TypeError:  # an argument that cannot be hashed: check_serving_inputs names it
+        run = signature = None
+    if run is None:  # check, then the plan (filled by the first call) and how this signature runs
+        shape = check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
+                                     causal, k_scale)
+        run = _prepare_call(plan, shape, q, k_cache, block_table, softmax_scale)
+        if signature is not None:
+            plan.launches[signature] = run
+    # launch
+    return run(q, k_cache, block_table, cache_seqlens, k_scale)
+
 
 # =============================================================================================
 # Input checks: shapes, dtypes, devices, layouts and config (attribute reads, never a GPU->host sync)
@@ -229,6 +376,621 @@ def declares_uniform_kv(batch, total_kv, config):
     What depends on it: the aiter routes' cached work plans, paged rows, and whether a row races."""
     return total_kv == batch * config["kv_seq_len"]
 
+
+def _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
+                       k_scale):
+    """Everything check_serving_inputs looks at, as a tuple (attribute reads only; hashable unless
+    an argument is not); None when an argument is not what it must be (check_serving_inputs then
+    says which)."""
+    try:
+        # devices as get_device() ints (-1: the CPU): cheaper to make and to hash than torch.device
+        scale = (("tensor", k_scale.dtype, tuple(k_scale.shape), k_scale.get_device())
+                 if isinstance(k_scale, torch.Tensor) else type(k_scale))
+        signature = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
+                     k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
+                     block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
+                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale,
+                     k_cache.data_ptr() % 16 == 0)
+        if IS_HIP:  # HIP's JIT also specialises each tensor on its storage fitting 2 GiB (_specialisation)
+            signature += tuple(t.untyped_storage().nbytes() <= HIP_RANGE32_BYTES
+                               for t in (q, k_cache, block_table, cache_seqlens, k_scale)
+                               if isinstance(t, torch.Tensor))
+        return signature
+    except (AttributeError, TypeError):
+        return None
+
+
+def _check_tensor(field, x, dtype_ok, dims, device=None):
+    if not isinstance(x, torch.Tensor) or x.dim() != dims or not dtype_ok(x.dtype):
+        raise ValueError(f"{field}: expected a {dims}-D tensor of the documented dtype, got {_describe(x)}")
+    if device is not None:
+        _same_device(field, x, device)
+
+
+def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
+                         k_scale):
+    """Validate a serving call without reading tensor contents (no GPU sync); return the plan
+    shape (batch, s_q, h_q, page_size, cache format, causal). Raises ValueError naming the
+    argument. Contents are the kernel's to check: lengths, block ids (their rows come back NaN)."""
+    _check_tensor("q", q, lambda d: d == torch.bfloat16, 4)
+    batch, s_q, h_q, dims = q.shape
+    if dims != QK_HEAD_DIM:
+        raise ValueError(f"q must be (batch, s_q, h_q, {QK_HEAD_DIM}), got shape {tuple(q.shape)}")
+    if batch < 1:
+        raise ValueError(f"q has batch {batch}: at least one request is needed")
+    if not 1 <= s_q <= SERVING_MAX_Q_LEN:
+        raise ValueError(f"q has s_q {s_q} query tokens per request: 1 to {SERVING_MAX_Q_LEN} are served")
+    if not 1 <= h_q <= SERVING_MAX_HEADS:
+        raise ValueError(f"q has h_q {h_q} heads: 1 to {SERVING_MAX_HEADS} are served")
+    _check_tensor("k_cache", k_cache, lambda d: d == torch.bfloat16 or d in FP8_DTYPES, 4, q.device)
+    num_blocks, page_size, kv_heads, kv_dims = k_cache.shape
+    if kv_heads != NUM_KV_HEADS:
+        raise ValueError(f"k_cache has {kv_heads} KV heads (dimension 2 of {tuple(k_cache.shape)}): MLA has one "
+                         "latent KV head")
+    if kv_dims != QK_HEAD_DIM:
+        raise ValueError(f"k_cache must be (num_blocks, page_size, 1, {QK_HEAD_DIM}), got {tuple(k_cache.shape)}")
+    if page_size not in SERVING_PAGE_SIZES:
+        raise ValueError(f"k_cache has page_size {page_size}: the served page sizes are {SERVING_PAGE_SIZES}")
+    if num_blocks < 1:
+        raise ValueError("k_cache has 0 blocks")
+    _unit_last_stride("k_cache", k_cache)
+    _aligned_cache("k_cache", k_cache)
+    if k_cache.dtype == torch.float8_e4m3fnuz and k_cache.is_cuda and not IS_HIP:
+        raise ValueError("k_cache is float8_e4m3fnuz (AMD gfx942's fp8): NVIDIA GPUs read float8_e4m3fn")
+    _check_tensor("block_table", block_table, lambda d: d == torch.int32, 2, q.device)
+    if block_table.shape[0] != batch or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must be (batch = {batch}, max_blocks >= 1) int32, got "
+                         f"{tuple(block_table.shape)}")
+    _unit_last_stride("block_table", block_table)  # a request's row is read as consecutive entries
+    _check_tensor("cache_seqlens", cache_seqlens, lambda d: d == torch.int32, 1, q.device)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens must be (batch = {batch},) int32, got {tuple(cache_seqlens.shape)}")
+    _unit_last_stride("cache_seqlens", cache_seqlens)
+    if head_dim_v != V_HEAD_DIM:
+        raise ValueError(f"head_dim_v is {head_dim_v!r}: MLA's values are the first {V_HEAD_DIM} latent dims")
+    if num_splits is not None:
+        raise ValueError(f"num_splits is {num_splits!r}: pass None (the plan chooses the splits; set "
+                         "plan.num_splits before its first call to fix them)")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+                                      or not 0 < softmax_scale < float("inf")):
+        raise ValueError(f"softmax_scale is {softmax_scale!r}: a positive finite number, or None for 1/sqrt(576)")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal is {causal!r}: True or False")
+    fp8 = k_cache.dtype in FP8_DTYPES
+    if not fp8 and k_scale is not None:
+        raise ValueError("k_scale is given for a bfloat16 k_cache: it dequantises an fp8 cache only")
+    if fp8 and k_scale is None:
+        raise ValueError(f"k_scale is missing: a {k_cache.dtype} k_cache needs its dequantisation scale "
+                         "(value = fp8 x k_scale)")
+    if isinstance(k_scale, torch.Tensor):
+        if k_scale.dtype != torch.float32 or k_scale.numel() != 1 or k_scale.dim() > 1:
+            raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, shape () or "
+                             f"(1,), got {_describe(k_scale)}")
+        _same_device("k_scale", k_scale, q.device)
+    elif fp8 and (isinstance(k_scale, bool) or not isinstance(k_scale, (int, float))):
+        raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, got {_describe(k_scale)}")
+    return PlanShape(batch, s_q, h_q, page_size, "fp8" if fp8 else "bf16", causal)
+
+
+# =============================================================================================
+# custom_kernel's route: the route tables (data) and the router
+# Lists of rows {"max_batch", "max_kv_len", "route", "params"[, "candidates"]}. A row matches a
+# call when batch <= max_batch and kv_len <= max_kv_len (None: no bound), kv_len = total_kv //
+# batch. The first matching row whose preconditions hold wins (row_preconditions_hold):
+#   - a paged row (params["page_size"] > 1) needs lengths declared uniform and a multiple of it;
+#   - a route absent here (ROUTE_INFO "portable": False, e.g. hopper_fp8 off sm_90) skips the
+#     row: the next row for the same shapes, a portable one, serves them.
+# The last row of each table matches everything and always holds (the catch-all).
+# "candidates": further configurations the candidate race measures for the row (section
+# "Candidate race"); the row's own route and params are its first candidate.
+# AITER_ROUTE_TABLE: every row reads every token, so page size 1 everywhere (the runner's
+# reference's own setting). A page > 1 row may come back only after a strict check on an MI355X
+# shows it right (docs/runner.md, "Page size": aiter's q-length-1 fp8 persistent kernel has no
+# paged build and most likely reads one token per page, which the runner's loose check passes).
+# Nothing in it has run on an MI355X. Its catch-all is the reference's configuration (persistent,
+# page 1, 32 splits, per-tensor q scale): right for any lengths.
+# Parameters shared by routes: num_splits = KV splits per batch row (aiter's persistent plan: at
+# most that many); q_scale (aiter routes) = how bf16 q becomes fp8: "tensor" max|q| / fp8 max like
+# the reference, right for any q; "unit" q.to(fp8) with scale 1, right only while max|q| <= the
+# fp8 max (448 e4m3fn, 240 e4m3fnuz; the runner's q is randn).
+# tune.py --write and tools/freeze_race_log.py rewrite the literals between the markers: keep
+# them plain literals.
+# =============================================================================================
+# BEGIN ROUTE TABLES
+AITER_ROUTE_TABLE = [
+    {"max_batch": 4, "max_kv_len": 1024, "route": "aiter_bf16", "params": {},
+     "candidates": [
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "aiter_bf16", "params": {}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 32}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 4}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+    {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 32, "q_scale": "tensor"}},
+]
+
+TRITON_ROUTE_TABLE = [
+    {"max_batch": 4, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 3},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 1, "num_warps": 4, "num_stages": 3}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 3}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 64, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+]
+# END ROUTE TABLES
+
+LAST_ROUTE = None  # route_label of the candidate the last call ran (eval.py shows it)
+LAST_CANDIDATE = None  # that candidate, {"route", "params"} (read it, do not modify it)
+
+
+def active_route_table():
+    return AITER_ROUTE_TABLE if HAVE_AITER else TRITON_ROUTE_TABLE
+
+
+def row_preconditions_hold(row, kv_len, uniform):
+    """The row's route exists here (the Hopper route only on sm_90), and a paged row needs
+    uniform KV lengths that are a multiple of its page size."""
+    page_size = row["params"].get("page_size", 1)
+    exists = ROUTE_INFO.get(row["route"], {}).get("portable", True) or row["route"] in ROUTES
+    return exists and (page_size == 1 or (uniform and kv_len % page_size == 0))
+
+
+def select_route(batch, kv_len, uniform=True, table=None):
+    """The first row of `table` (default: the active one) with batch <= max_batch and
+    kv_len <= max_kv_len whose preconditions hold. `uniform`: every batch holds kv_len rows
+    (see declares_uniform_kv)."""
+    for row in active_route_table() if table is None else table:
+        if ((row["max_batch"] is None or batch <= row["max_batch"])
+                and (row["max_kv_len"] is None or kv_len <= row["max_kv_len"])
+                and row_preconditions_hold(row, kv_len, uniform)):
+            return row
+    raise ValueError(f"no route-table row fits batch {batch}, kv_len {kv_len}, uniform {uniform}: "
+                     "a table must end with an always-valid catch-all row")
+
+
+class Selection:
+    """What a shape runs: its table row, the candidate it settled on (the row's own route until
+    a race settles another), that candidate's route_label, the table, and whether the row's
+    candidate race is still to run."""
+    __slots__ = ("row", "candidate", "label", "table", "racing")
+
+    def __init__(self, row, candidate, table, racing=False):
+        self.row, self.candidate, self.table, self.racing = row, candidate, table, racing
+        self.label = route_label(candidate)
+
+
+# (batch, kv_len, uniform, id(table)) -> Selection. The table is kept so that its id stays its
+# own. Tables are data read at call time: replace a table rather than edit it in place (or clear
+# this dict).
+_SELECTED = {}
+
+
+def _selection(batch, kv_len, uniform):
+    """(cache key, Selection) for a shape under the active table."""
+    table = active_route_table()
+    key = (batch, kv_len, uniform, id(table))
+    selection = _SELECTED.get(key)
+    if selection is None:
+        row = select_route(batch, kv_len, uniform, table)
+        selection = _SELECTED[key] = Selection(row, {"route": row["route"], "params": row["params"]}, table,
+                                               races_here(row, batch, kv_len, uniform))
+    return key, selection
+
+
+def _note_ran(candidate, label=None):
+    global LAST_ROUTE, LAST_CANDIDATE
+    LAST_ROUTE, LAST_CANDIDATE = label or route_label(candidate), candidate
+
+
+def _run(candidate, data, total_kv, label=None):
+    """Run a candidate for the caller and say so in LAST_ROUTE / LAST_CANDIDATE."""
+    _note_ran(candidate, label)
+    return run_candidate(candidate, data, total_kv)
+
+
+# =============================================================================================
+# The serving API's route: which kernel serves a plan, as data (SERVING_ROUTE_TABLE) and the one
+# function that reads it (serving_route)
+# =============================================================================================
+SERVING_MAX_HEADS = 128
+SERVING_MAX_Q_LEN = 8
+SERVING_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+SERVING_ROWS = 16  # query rows (token, head pairs) per program (the MMA's N): portable route, Hopper default
+SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its merge than it saves
+SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
+SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
+TMA_TILE = 64  # tokens a Hopper tile reads; TMA reads a tile from one page, so shorter pages are gathered
+
+# A row serves a plan where its "kv" is the cache's format and, where the row names them, the plan's
+# head count is in "heads", its query tokens in "s_q", its page size in "pages", its batch at most
+# "max_batch", its query rows (s_q x h_q) at least "min_rows", and the loaded aiter has every
+# capability in "needs" (AITER_SERVING_CAPABILITIES). serving_route takes the first such row whose
+# route exists here (SERVING_ROUTES: aiter's rows only where aiter loaded, the MI355X; hopper_paged
+# only on sm_90 with Gluon), hopper_paged only for a cache TMA can read (its blocks back to back).
+# Row params, Hopper: "rows" query rows a program (16 where absent), "num_warps", "num_stages" (ring
+# slots), "waves" (programs per SM slot the split count aims for), "min_chunk" (the shortest split),
+# "spans" (the span schedule where the batch can outgrow one wave of chunks), "seesaw" (the seesaw
+# kernel: query rows as M), "block_n" (its tile), "pv_f16" (P.V in f16 over an fp8 cache),
+# "shared_max" (the row max and rescale factors through shared memory); portable: "block_n",
+# "num_warps", "num_stages"; aiter: its route's keyword arguments. docs/design.md says why each row.
+SERVING_ROUTE_TABLE = [
+    # aiter: the persistent a8w8 kernels with an lse up to 32 requests (h47), 64 heads at any batch
+    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "max_batch": 32, "needs": ("persistent_lse",),
+     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
+    {"kv": "fp8", "heads": (64,), "s_q": (1,), "needs": ("persistent_lse",), "route": "aiter_serving_a8w8_persistent",
+     "params": {"num_splits": 16}},
+    # aiter: 32 heads have a persistent lse build from 2026-06-26 only (h47)
+    {"kv": "fp8", "heads": (32,), "s_q": (1,), "needs": ("persistent_lse_32_heads",),
+     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
+    # aiter: the non-persistent fp8 kernels, one split each above 32 requests (h37a)
+    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "needs": (), "route": "aiter_serving_fp8", "params": {}},
+    {"kv": "fp8", "heads": (8,), "s_q": (1,), "needs": ("fp8_8_heads",), "route": "aiter_serving_fp8",
+     "params": {}},
+    # aiter: bf16 with stage 2's merged lse, 2-16 splits so that stage 2 writes it (h37a)
+    {"kv": "bf16", "heads": (16, 64, 128), "s_q": (1,), "needs": ("decode_lse",), "route": "aiter_serving_bf16",
+     "params": {}},
+    # Hopper fp8, 64+ rows on pages of whole tiles: the seesaw kernel (h51-h54, h63)
+    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
+                "seesaw": True}},
+    # Hopper fp8, 64+ rows on shorter pages: 64 rows at 8 warps, P.V in f16 (h43, h44c)
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "pv_f16": True, "shared_max": True}},
+    # Hopper fp8, 32-63 rows: 32 rows at 8 warps, P.V in f16 (h49c)
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "pv_f16": True, "shared_max": True}},
+    # Hopper fp8, fewer rows: 16 rows at 4 warps, P.V in f16 (h43)
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
+    # Hopper bf16, 64+ rows on pages of whole tiles: the seesaw kernel on 32-token tiles (h65)
+    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
+                "seesaw": True, "block_n": 32}},
+    # Hopper bf16, 32+ rows: 32 rows at 8 warps (h40, h44c)
+    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "shared_max": True}},
+    # Hopper bf16, fewer rows: 16 rows, chunks only (its span tile loop spills: h42)
+    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
+    # the portable kernel: every other case, and every GPU and the CPU (h36, h38)
+    {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
+    {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
+]
+
+
+def serving_row_serves(row, shape):
+    """Whether a serving table row serves a plan of this PlanShape (see SERVING_ROUTE_TABLE)."""
+    return (row["kv"] == shape.kv and shape.h_q in row.get("heads", (shape.h_q,))
+            and shape.s_q in row.get("s_q", (shape.s_q,)) and shape.page_size in row.get("pages", (shape.page_size,))
+            and shape.batch <= row.get("max_batch", shape.batch)
+            and shape.s_q * shape.h_q >= row.get("min_rows", 0)
+            and AITER_SERVING_CAPABILITIES.issuperset(row.get("needs", ())))
+
+
+def route_rows(row):
+    """Query rows per program of a serving table row: its params' "rows" on the Hopper route (16
+    where absent), SERVING_ROWS on the portable one."""
+    return row["params"].get("rows", SERVING_ROWS) if row["route"] == "hopper_paged" else SERVING_ROWS
+
+
+class ServingRoute(NamedTuple):
+    """What serves a plan: its SERVING_ROUTE_TABLE row, the kernel (None: the row's aiter route),
+    the split count, and whether the Hopper kernel runs the span schedule."""
+    row: dict
+    kernel: object
+    num_splits: int
+    spans: bool
+
+
+def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, table=None, here=True):
+    """The ServingRoute of a plan of this PlanShape: the first row of `table` (SERVING_ROUTE_TABLE)
+    that serves it and whose route exists here (SERVING_ROUTES; here=False: any route, for the
+    compile plans), on `device` (None: as on the CPU) for a cache TMA can read or not
+    (tma_readable), with:
+    - the kernel: aiter's route where aiter loaded; on Hopper, pages of whole tiles through TMA (the
+      seesaw kernel where the row says "seesaw", else the tokens-as-M kernel), shorter pages
+      gathered a row per token; elsewhere, and for a cache TMA cannot read, the portable kernel;
+    - the split count: num_splits where given; Hopper, one chunk per program slot of the GPU
+      ("waves" of the programs resident at once); portable, enough programs to fill the GPU twice,
+      no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's capacity (tokens);
+    - spans: the row asks for them and the batch can outgrow one wave of chunks (batch x
+      SERVING_MAX_SPLITS > the split count); otherwise every chunk schedule fits one wave, the span
+      cost model would never take spans, and the kernel without them is the faster one to carry."""
+    for row in SERVING_ROUTE_TABLE if table is None else table:
+        route, params = row["route"], row["params"]
+        if (not serving_row_serves(row, shape) or (here and route not in SERVING_ROUTES)
+                or (route == "hopper_paged" and not tma_readable)):
+            continue
+        if route in AITER_SERVING_ROUTES:
+            return ServingRoute(row, None, 0, False)
+        groups = triton.cdiv(shape.s_q * shape.h_q, route_rows(row))
+        if route == "triton_paged":
+            programs = SERVING_CPU_PROGRAMS if device is None or device.type == "cpu" else 2 * sm_count(device)
+            splits = num_splits or max(1, min(triton.cdiv(programs, shape.batch * groups),
+                                              capacity // SERVING_SPLIT_MIN_TOKENS))
+            return ServingRoute(row, _mla_decode_kernel, splits, False)
+        if shape.page_size < TMA_TILE:
+            kernel = _mla_decode_gathered_hopper_kernel
+        else:
+            kernel = _mla_decode_seesaw_kernel if params.get("seesaw") else _mla_decode_paged_hopper_kernel
+        if num_splits is None:
+            # the seesaw kernel's program is three warpgroups of num_warps: two compute, the loader's warp padded
+            warps = params["num_warps"] * (3 if params.get("seesaw") else 1)
+            sms = SERVING_CPU_PROGRAMS if device is None or device.type == "cpu" else sm_count(device)
+            resident = sms * hopper_programs_per_sm(warps, params["num_stages"], 2 if shape.kv == "bf16" else 1,
+                                                    route_rows(row))
+            num_splits = max(1, params["waves"] * resident // groups)
+        spans = bool(params.get("spans", False)) and shape.batch * SERVING_MAX_SPLITS > num_splits
+        return ServingRoute(row, kernel, num_splits, spans)
+    raise ValueError(f"no serving route for {shape}: the table must end with a portable row for each format")
+
+
 # =============================================================================================
 # Host machinery: launch, compiled-kernel cache, split workspaces
 # =============================================================================================
@@ -242,7 +1004,6 @@ def _launch_hooks_installed():
 
 
 _COMPILED = {}  # launch key -> (Triton's compiled kernel, the constexpr values it is called with)
-
 
 IS_HIP = torch.version.hip is not None
 HIP_RANGE32_BYTES = 2**31 - 1  # HIP: a tensor whose storage fits is compiled with 32-bit buffer offsets
@@ -376,7 +1137,6 @@ def keyword_defaults(fn):
             if param.default is not inspect.Parameter.empty}
 
 
-
 def fp8_tensor_scale(x, fp8_dtype):
     """The runner's per-tensor fp8 scale of bf16 x, in bf16 arithmetic: max|x| (clamped below at
     1e-12) / fp8 max; a 0-d bf16 tensor, no host sync. The one definition: the aiter routes'
@@ -471,7 +1231,7 @@ def _merge_splits(PARTIAL_O, PARTIAL_LSE, first_slot, offsets, heads, NUM_SPLITS
     return merged, lse_max + tl.log2(weight_sum)
 
 
-# --- fp8 and bf16 caches: custom_kernel's contiguous rows and the serving API's pages -----------
+# --- fp8 and bf16 caches: custom_kernel's contiguous rows and the serving API's pages --------
 @triton.jit
 def _request_span(QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, batch, kv_rows, capacity, PAGE_SIZE: tl.constexpr):
     """(first cache row, length, poison) of one request. PAGE_SIZE 0: custom_kernel's contiguous
@@ -743,7 +1503,8 @@ def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, blo
            floats=DECODE_FLOATS)
     return out
 
-# --- mxfp4 cache ------------------------------------------------------------------------------
+
+# --- mxfp4 cache -----------------------------------------------------------------------------
 @triton.jit
 def _dequant_mxfp4_f16(packed, scale_bytes, ref_byte, BLOCK_N: tl.constexpr, NBYTES: tl.constexpr,
                        NBLOCKS: tl.constexpr):
@@ -788,7 +1549,6 @@ def _quantize_mxfp8_t(x_t, K: tl.constexpr, N: tl.constexpr):
     inv_scale = ((254 - scale_byte) << 23).to(tl.float32, bitcast=True)  # 2^(127 - byte)
     q = tl.reshape((x3 * inv_scale[:, None, :]).to(tl.float8e4nv), (K, N))
     return q, tl.trans(scale_byte.to(tl.uint8))
-
 
 
 @triton.jit
@@ -1030,7 +1790,6 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
     return out
 
 
-
 # Compile plans: what tools/kernel_report.py compiles ahead of time for a route-table row.
 # "range32_args": the pointer arguments Triton's HIP JIT marks as within 2 GiB (every tensor at
 # the leaderboard's sizes: the largest, the bs 256 / kv 8192 fp8 cache, is 1.2 GB), which it then
@@ -1115,6 +1874,7 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
     plan = TRITON_COMPILE_PLANS.get(route)  # each plan returns its list of entries
     return [] if plan is None else plan(params, fp8_dtype)
 
+
 # =============================================================================================
 # The Hopper route (Gluon, sm_90 only)
 # NVIDIA Hopper only (H100, H200), written in Gluon, the explicit-layout dialect that ships with
@@ -1173,6 +1933,7 @@ CHUNK = gl.constexpr(HOPPER_CHUNK)  # the same, for the Gluon kernels
 TMA_BOX_BYTES = 128  # bytes of latent dims per row of a 3D TMA box: the 128-byte swizzle the MMAs read
 
 
+# --- Hopper: shared helpers (P.V layouts, q, tiles, softmax, stores, pages) ------------------
 # P.V = V^T . P^T needs V^T, and V is stored token-major; fp8 wgmma takes an MN-major operand
 # from shared memory only for 16-bit types. So V^T is the A operand IN REGISTERS: the MMA's
 # register fragment (DotOperandLayout(0, O_MMA, 4) on 128 rows x 64 k) holds per thread 4
@@ -1194,6 +1955,7 @@ _K_BITS = {4: ((0, 1, 4, 5), (2, 3)), 2: ((0, 3, 4, 5), (1, 2))}  # k bits in (r
 # 0-7 of an 8 x 8 matrix, so row bits 0-2 are dim bits 1-3 and dim bit 0 picks the byte (row bit 3)
 _DIM_BIT_LDSM = (1, 2, 3, 0, 5, 6, 4)
 
+
 @_constexpr_function
 def _v_operand_load_layout(warps, k_width=4):
     """(64 tokens x 128 dims) layout of a V chunk read from its TMA tile such that relabelling
@@ -1208,6 +1970,7 @@ def _v_operand_load_layout(warps, k_width=4):
     warp_bases = [row(4), row(5)] + ([row(6)] if warps == 8 else [])
     return gl.DistributedLinearLayout(regs, lanes, warp_bases, [], [64, HOPPER_CHUNK])
 
+
 @_constexpr_function
 def _v_operand_order(warps, k_width=4, v_ldsm=False):
     """gl.permute order taking (64 tokens x 128 dims) split into 13 bits (token bit j at
@@ -1217,16 +1980,19 @@ def _v_operand_order(warps, k_width=4, v_ldsm=False):
     rows = [12 - dim_bit[i] for i in range(6, -1, -1)]
     return tuple(rows + [5 - _TOKEN_BIT[k_width][i] for i in range(5, -1, -1)])
 
+
 @_constexpr_function
 def _pv_token_order():
     """gl.permute order taking (64 tokens x N) split into 6 token bits + N to (k x N) (fp8)."""
     return tuple([5 - _TOKEN_BIT[4][i] for i in range(5, -1, -1)] + [6])
+
 
 @_constexpr_function
 def _rows_to_dims_order(warps, v_ldsm=False):
     """gl.permute order taking (128 rows x N) split into 7 row bits + N to (dims x N)."""
     rows_of_dim = {d: i for i, d in enumerate(_DIM_BIT_LDSM if v_ldsm else _DIM_BIT[warps])}
     return tuple([6 - rows_of_dim[j] for j in range(6, -1, -1)] + [7])
+
 
 @_constexpr_function
 def _v_word_dims(warps):
@@ -1336,12 +2102,14 @@ def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: g
         acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
     return warpgroup_mma(v_t, pt_smem.permute((1, 0)), acc, is_async=True)
 
+
 @gluon.jit
 def _rows_to_dims(acc, WARPS: gl.constexpr, V_LDSM: gl.constexpr = False):
     """Undo _pv_chunk's relabelling of the output rows."""
     N: gl.constexpr = acc.shape[1]
     return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS, V_LDSM).value),
                       [128, N])
+
 
 @_constexpr_function
 def _output_layout(warps, rows=16, pairs=True):
@@ -1361,12 +2129,14 @@ def _output_layout(warps, rows=16, pairs=True):
     return gl.DistributedLinearLayout([[1, 0]] + regs + heads, lanes + [[2, 0], [4, 0], [8, 0]],
                                       [[16, 0], [32, 0], [64, 0]], [], [HOPPER_CHUNK, rows])
 
+
 @gluon.jit
 def _hi_plus_lo(acc):
     """(dims x 2*heads) with the products of P_hi and P_lo interleaved -> (dims x heads) of P.V
     (a thread holds both columns of a head: no data moves)."""
     hi, lo = gl.split(gl.reshape(acc, [acc.shape[0], acc.shape[1] // 2, 2]))
     return (hi + lo * (1.0 / 16)) * (1.0 / 256)
+
 
 @gluon.jit
 def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr, rows=None, row_ok=None):
@@ -1385,6 +2155,7 @@ def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr, rows=None, row_ok=
                  (acc * scale).to(base.dtype.element_ty),
                  mask=gl.expand_dims(gl.convert_layout(row_ok, gl.SliceLayout(0, LAYOUT)), 0))
 
+
 @_constexpr_function
 def _merge_layout(splits, dims, heads, warps):
     """(splits x dims x heads) of partials, 64 floats per thread for 128 threads: all splits in
@@ -1396,6 +2167,7 @@ def _merge_layout(splits, dims, heads, warps):
     dim_warps = max(1, min(warps, dims // (per_thread * dim_lanes)))
     return gl.BlockedLayout([splits, per_thread, 1], [1, dim_lanes, 32 // dim_lanes],
                             [1, dim_warps, warps // dim_warps], [1, 2, 0])
+
 
 @gluon.jit
 def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scale, WARPS: gl.constexpr,
@@ -1456,6 +2228,7 @@ def _load_q(Q, row, stride_q_token, ROWS: gl.constexpr, NUM_HEADS: gl.constexpr,
             gl.load(q_base + 2 * CHUNK + q_dims, mask=ok).to(gl.float32),
             gl.load(q_base + 3 * CHUNK + q_dims, mask=ok).to(gl.float32),
             gl.load(q_base + LATENT + rope_dims, mask=ok).to(gl.float32))
+
 
 @gluon.jit
 def _issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores, NUM_CHUNKS: gl.constexpr):
@@ -1742,56 +2515,60 @@ def _store_chunks(out0, out1, out2, out3, dest, head_scale, LATENT: gl.constexpr
 
 
 @gluon.jit
-def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O, PARTIAL_LSE,
-                 slot_id, WARPS: gl.constexpr, NUM_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                 LATENT: gl.constexpr, CHUNK: gl.constexpr):
-    """The program's result: with one split the bf16 output row; otherwise this split's float32
-    partial (heads x dims, like the output) and its lse. An empty split (a row shorter than the
-    split grid) has sum 0: partial 0, lse -inf (weight 0 in the merge). `poison` (0 or NaN, see
-    _row_poison) is added to the output's scale and to the lse."""
-    running_sum = gl.sum(row_sums, 0)
-    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS)
-    if NUM_SPLITS == 1:
-        _store_chunks(out0, out1, out2, out3, out_row, kv_scale / running_sum + poison, LATENT, CHUNK)
-    else:
-        lse, safe_sum = _split_lse(running_max, running_sum)
-        _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * LATENT * NUM_HEADS, 1.0 / safe_sum, LATENT,
-                      CHUNK)
-        gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=running_max.type.layout),
-                 lse + poison)
+def _tile_block(BT_ROW, kv_begin, t, num_tiles, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """The block id of the split's tile t (0 past its last tile: nothing read)."""
+    return gl.load(BT_ROW + (kv_begin + t * BLOCK_N) // PAGE_SIZE, mask=t < num_tiles, other=0)
 
 
 @gluon.jit
-def _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS: gl.constexpr,
-               NUM_SPLITS: gl.constexpr, COOPERATIVE_MERGE: gl.constexpr, NUM_HEADS: gl.constexpr,
-               LATENT: gl.constexpr):
-    """Call after this split's partial is stored: merges the row's splits into its output.
-    COOPERATIVE_MERGE (only when the host checked that the whole grid is resident at once): every
-    split waits for the row's last and then merges 1 / NUM_SPLITS of the dims, so the merge's reads
-    spread over NUM_SPLITS SMs instead of one (h6). The row's counter (second half of the tickets)
-    is never reset: each call adds NUM_SPLITS, so this call's last ticket is the next multiple of
-    NUM_SPLITS above the one drawn (a power of two: the mask and the signed difference stay right
-    when the counter wraps; h12). Otherwise the last split of the row merges it all and resets the
-    row's ticket."""
-    gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-    SLICE: gl.constexpr = LATENT // triton.next_power_of_2(NUM_SPLITS)
-    if COOPERATIVE_MERGE:
-        counter = SPLIT_TICKETS + gl.num_programs(0) + batch
-        drawn = gl.atomic_add(counter, 1, sem="acq_rel")
-        last_ticket = (drawn & (-NUM_SPLITS)) + NUM_SPLITS
-        seen = drawn + 1
-        while seen - last_ticket < 0:
-            seen = gl.atomic_add(counter, 0, sem="acquire")
-        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, split * SLICE, kv_scale, WARPS,
-                     NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
-    elif gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
-        for dim_begin in range(0, LATENT, SLICE):
-            _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, dim_begin, kv_scale, WARPS,
-                         NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
-        gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
+def _paged_row(block, token, pred, num_blocks, kv_rows, PAGE_SIZE: gl.constexpr):
+    """(flattened cache row of the tile at request position `token`, whether its block id is
+    outside [0, num_blocks)). A bad id's tile is read at kv_rows, past the cache: TMA reads zeros
+    there; the request is poisoned."""
+    bad = pred & ((block < 0) | (block >= num_blocks))
+    return gl.where(bad, kv_rows, block * PAGE_SIZE + token % PAGE_SIZE), bad.to(gl.int32)
 
 
-# --- the serving API's paged cache on Hopper: schedule, pages, rows, epilogue ---------------
+@gluon.jit
+def _zero_tail(kv_latent, first, keep_tokens, NUM_CHUNKS: gl.constexpr, BLOCK_N: gl.constexpr,
+               CHUNK: gl.constexpr, WARPS: gl.constexpr):
+    """Zero the tokens from keep_tokens on in the tile's latent boxes, the values of P.V: a page's
+    tail past the request may hold anything, NaN included, and 0 x NaN is NaN (the scores are
+    masked already). Runs in a split's last tile only, after its scores."""
+    LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])
+    keep = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT)) < keep_tokens, 1)
+    gl.thread_barrier()  # every warp's score MMA has read the boxes
+    for c in gl.static_range(NUM_CHUNKS):
+        box = kv_latent.index(first + c)
+        values = box.load(LAYOUT)
+        box.store(gl.where(keep, values, gl.zeros_like(values)))
+
+
+@gluon.jit
+def _serving_rows(group, num_heads, q_len, NUM_HEADS: gl.constexpr, LAYOUT: gl.constexpr):
+    """The program's query rows, (query token, head) pairs group * NUM_HEADS ... in token-major
+    order: (valid, query token, head) per row."""
+    rows = group * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=LAYOUT)
+    return rows < q_len * num_heads, rows // num_heads, rows % num_heads
+
+
+@gluon.jit
+def _natural_lse(lse2):
+    """A base-2 lse as the API returns it: natural log, +inf for a row with nothing attended (the
+    portable kernel's _store_rows writes the same; its source is kept as the gfx950 sweep hashed it)."""
+    return gl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
+
+
+@gluon.jit
+def _store_split_count(SPLIT_COUNTS, request, split, group, num_splits, first_work):
+    """The request's first partial slot and split count, for _mla_combine_kernel, written by its
+    first split of row group 0 (every request has one, so no count is left from an earlier call)."""
+    if (split == 0) & (group == 0):
+        gl.store(SPLIT_COUNTS + 2 * request, first_work)
+        gl.store(SPLIT_COUNTS + 2 * request + 1, num_splits)
+
+
+# --- Hopper: the schedule, computed by every program from cache_seqlens ----------------------
 @_constexpr_function
 def _batch_layout(block, warps):
     """(block,) int32 over the 32 lanes of each warp, every warp holding all of it (the CTA tile
@@ -1946,147 +2723,55 @@ def _span_segment(CACHE_SEQLENS, program, request, tile_begin, total, used, capa
             poison, tile_end)
 
 
+# --- Hopper: the tokens-as-M kernels ---------------------------------------------------------
 @gluon.jit
-def _tile_block(BT_ROW, kv_begin, t, num_tiles, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
-    """The block id of the split's tile t (0 past its last tile: nothing read)."""
-    return gl.load(BT_ROW + (kv_begin + t * BLOCK_N) // PAGE_SIZE, mask=t < num_tiles, other=0)
-
-
-@gluon.jit
-def _paged_row(block, token, pred, num_blocks, kv_rows, PAGE_SIZE: gl.constexpr):
-    """(flattened cache row of the tile at request position `token`, whether its block id is
-    outside [0, num_blocks)). A bad id's tile is read at kv_rows, past the cache: TMA reads zeros
-    there; the request is poisoned."""
-    bad = pred & ((block < 0) | (block >= num_blocks))
-    return gl.where(bad, kv_rows, block * PAGE_SIZE + token % PAGE_SIZE), bad.to(gl.int32)
-
-
-@gluon.jit
-def _zero_tail(kv_latent, first, keep_tokens, NUM_CHUNKS: gl.constexpr, BLOCK_N: gl.constexpr,
-               CHUNK: gl.constexpr, WARPS: gl.constexpr):
-    """Zero the tokens from keep_tokens on in the tile's latent boxes, the values of P.V: a page's
-    tail past the request may hold anything, NaN included, and 0 x NaN is NaN (the scores are
-    masked already). Runs in a split's last tile only, after its scores."""
-    LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])
-    keep = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT)) < keep_tokens, 1)
-    gl.thread_barrier()  # every warp's score MMA has read the boxes
-    for c in gl.static_range(NUM_CHUNKS):
-        box = kv_latent.index(first + c)
-        values = box.load(LAYOUT)
-        box.store(gl.where(keep, values, gl.zeros_like(values)))
-
-
-@gluon.jit
-def _serving_rows(group, num_heads, q_len, NUM_HEADS: gl.constexpr, LAYOUT: gl.constexpr):
-    """The program's query rows, (query token, head) pairs group * NUM_HEADS ... in token-major
-    order: (valid, query token, head) per row."""
-    rows = group * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=LAYOUT)
-    return rows < q_len * num_heads, rows // num_heads, rows % num_heads
-
-
-@gluon.jit
-def _natural_lse(lse2):
-    """A base-2 lse as the API returns it: natural log, +inf for a row with nothing attended (the
-    portable kernel's _store_rows writes the same; its source is kept as the gfx950 sweep hashed it)."""
-    return gl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
-
-
-@_constexpr_function
-def _split_lse_layout(rows, warps):
-    """(splits x rows) of partial lse: rows over the lanes (past 32, also in registers), splits over
-    the remaining lanes and the warps."""
-    lanes = min(rows, 32)
-    return gl.BlockedLayout([1, rows // lanes], [32 // lanes, lanes], [warps, 1], [1, 0])
-
-
-@gluon.jit
-def _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                WARPS: gl.constexpr):
-    """The base-2 lse of the merged rows from their splits' (-inf for a row with nothing attended)."""
-    LAYOUT: gl.constexpr = _split_lse_layout(NUM_HEADS, WARPS)
-    splits = gl.expand_dims(gl.arange(0, MAX_SPLITS, layout=gl.SliceLayout(1, LAYOUT)), 1)
-    heads = gl.expand_dims(gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT)), 0)
-    lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=splits < num_splits,
-                  other=float("-inf"), cache_modifier=".cg")
-    top = gl.max(lse, 0)
-    top = gl.where(top == float("-inf"), 0.0, top)
-    return top + gl.log2(gl.sum(gl.exp2(lse - gl.expand_dims(top, 0)), 0))
-
-
-@_constexpr_function
-def _serving_merge_slice(latent, splits, rows, warps, dims):
-    """Latent dims _merge_serving merges at once: 64 floats of partials per thread (16 rows at 4
-    warps, 32 at 8: latent / splits dims; twice the rows per thread: half as many dims), at most
-    the `dims` it merges."""
-    return min(dims, latent // splits // max(1, rows // (4 * warps)))
-
-
-@gluon.jit
-def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale, dim0,
-                   WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
-                   DIMS: gl.constexpr):
-    """Latent dims [dim0, dim0 + DIMS) of the request's rows merged from its num_splits (<= SPLITS)
-    splits."""
-    SLICE: gl.constexpr = _serving_merge_slice(LATENT, SPLITS, NUM_HEADS, WARPS, DIMS)
-    for dim_begin in range(dim0, dim0 + DIMS, SLICE):
-        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_base, first_slot, dim_begin, kv_scale, WARPS, SPLITS, SLICE,
-                     NUM_HEADS, LATENT, num_splits, rows, row_ok)
-
-
-@gluon.jit
-def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
-                   dim0, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                   LATENT: gl.constexpr, DIMS: gl.constexpr):
-    """A request's rows of out, dims [dim0, dim0 + DIMS), from its num_splits partials in slots
-    first_slot ...: _merge_serving in the layout of the smallest split-count class that holds them
-    (4, 8 or MAX_SPLITS), then, by the part that holds dim 0, the merged lse."""
-    if num_splits <= 4:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
-                       WARPS, 4, NUM_HEADS, LATENT, DIMS)
-    elif num_splits <= 8:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
-                       WARPS, 8, NUM_HEADS, LATENT, DIMS)
+def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O, PARTIAL_LSE,
+                 slot_id, WARPS: gl.constexpr, NUM_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                 LATENT: gl.constexpr, CHUNK: gl.constexpr):
+    """The program's result: with one split the bf16 output row; otherwise this split's float32
+    partial (heads x dims, like the output) and its lse. An empty split (a row shorter than the
+    split grid) has sum 0: partial 0, lse -inf (weight 0 in the merge). `poison` (0 or NaN, see
+    _row_poison) is added to the output's scale and to the lse."""
+    running_sum = gl.sum(row_sums, 0)
+    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS)
+    if NUM_SPLITS == 1:
+        _store_chunks(out0, out1, out2, out3, out_row, kv_scale / running_sum + poison, LATENT, CHUNK)
     else:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
-                       WARPS, MAX_SPLITS, NUM_HEADS, LATENT, DIMS)
-    if dim0 == 0:
-        merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
-        gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
+        lse, safe_sum = _split_lse(running_max, running_sum)
+        _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * LATENT * NUM_HEADS, 1.0 / safe_sum, LATENT,
+                      CHUNK)
+        gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=running_max.type.layout),
+                 lse + poison)
 
 
 @gluon.jit
-def _store_split_count(SPLIT_COUNTS, request, split, group, num_splits, first_work):
-    """The request's first partial slot and split count, for _mla_combine_kernel, written by its
-    first split of row group 0 (every request has one, so no count is left from an earlier call)."""
-    if (split == 0) & (group == 0):
-        gl.store(SPLIT_COUNTS + 2 * request, first_work)
-        gl.store(SPLIT_COUNTS + 2 * request + 1, num_splits)
-
-
-@gluon.jit
-def _mla_combine_kernel(PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, KV_SCALE, OUT, LSE, kv_scale_value, slots, num_heads,
-                        q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                        stride_lse_token, NUM_HEADS: gl.constexpr, MAX_SPLITS: gl.constexpr, DIMS: gl.constexpr,
-                        WARPS: gl.constexpr, KV_SCALE_IN_TENSOR: gl.constexpr, LATENT: gl.constexpr = 512):
-    """The serving API's merge of split requests, after the Hopper kernel (FlashMLA's combine step
-    too): program (request, row group, part) merges dims [part x DIMS, part x DIMS + DIMS) of the
-    group's NUM_HEADS rows from the request's partials, where its split count (SPLIT_COUNTS, written
-    by the kernel before) is above one; a request of one split was written whole by the kernel.
-    Spread over the grid, a request's merge costs one memory latency per part, where the split that
-    finished last took them one after the other (NOTES.md h72)."""
-    request = gl.program_id(0)
-    group = gl.program_id(1)
-    num_splits = gl.load(SPLIT_COUNTS + 2 * request + 1)
-    if num_splits > 1:
-        first_slot = group * slots + gl.load(SPLIT_COUNTS + 2 * request)
-        kv_scale = gl.load(KV_SCALE) if KV_SCALE_IN_TENSOR else kv_scale_value
-        ROW_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-        row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, ROW_LAYOUT)
-        out_base = OUT + request.to(gl.int64) * stride_o_batch
-        lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
-        _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, q_token * stride_o_token + head * stride_o_head, lse_rows,
-                       row_ok, first_slot, num_splits, kv_scale, gl.program_id(2) * DIMS, WARPS, MAX_SPLITS,
-                       NUM_HEADS, LATENT, DIMS)
+def _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS: gl.constexpr,
+               NUM_SPLITS: gl.constexpr, COOPERATIVE_MERGE: gl.constexpr, NUM_HEADS: gl.constexpr,
+               LATENT: gl.constexpr):
+    """Call after this split's partial is stored: merges the row's splits into its output.
+    COOPERATIVE_MERGE (only when the host checked that the whole grid is resident at once): every
+    split waits for the row's last and then merges 1 / NUM_SPLITS of the dims, so the merge's reads
+    spread over NUM_SPLITS SMs instead of one (h6). The row's counter (second half of the tickets)
+    is never reset: each call adds NUM_SPLITS, so this call's last ticket is the next multiple of
+    NUM_SPLITS above the one drawn (a power of two: the mask and the signed difference stay right
+    when the counter wraps; h12). Otherwise the last split of the row merges it all and resets the
+    row's ticket."""
+    gl.thread_barrier()  # every thread's partial stores precede the ticket's release
+    SLICE: gl.constexpr = LATENT // triton.next_power_of_2(NUM_SPLITS)
+    if COOPERATIVE_MERGE:
+        counter = SPLIT_TICKETS + gl.num_programs(0) + batch
+        drawn = gl.atomic_add(counter, 1, sem="acq_rel")
+        last_ticket = (drawn & (-NUM_SPLITS)) + NUM_SPLITS
+        seen = drawn + 1
+        while seen - last_ticket < 0:
+            seen = gl.atomic_add(counter, 0, sem="acquire")
+        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, split * SLICE, kv_scale, WARPS,
+                     NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
+    elif gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
+        for dim_begin in range(0, LATENT, SLICE):
+            _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, dim_begin, kv_scale, WARPS,
+                         NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
+        gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
 
 
 @gluon.jit
@@ -2349,8 +3034,9 @@ def _mla_decode_fp8_hopper_kernel(
     ring, q_and_p = _tokens_as_m_smem(STAGES, NUM_HEADS, BLOCK_N, True)
     q_latent, q_rope, pt_smem = q_and_p
     acc, running_max, row_sums, _ = _split_tiles(
-        (lat_desc, rope_desc), ring, (q_latent, q_rope, pt_smem, None, None), q, kv_scale, sm_scale_log2, (kv_begin, kv_end, num_tiles, 0),
-        (0, kv_rows, 0), None, FP8_MAX, STAGES, WARPS, 0, False, NUM_HEADS, BLOCK_N, True, (S_MMA, O_MMA))
+        (lat_desc, rope_desc), ring, (q_latent, q_rope, pt_smem, None, None), q, kv_scale, sm_scale_log2,
+        (kv_begin, kv_end, num_tiles, 0), (0, kv_rows, 0), None, FP8_MAX, STAGES, WARPS, 0, False, NUM_HEADS, BLOCK_N,
+        True, (S_MMA, O_MMA))
     _release_ring(ring, STAGES)
 
     # Epilogue: the output row, or this split's partial and then the row's merge.
@@ -2517,13 +3203,12 @@ def _mla_decode_gathered_hopper_kernel(
                  MAX_SPLITS, NUM_HEADS, BLOCK_N, KV_FP8, SPANS, PV_F16, SHARED_MAX, True)
 
 
-# --- the serving API's caches with query rows as the MMA's M: the seesaw kernel -------------
+# --- Hopper: the seesaw kernel (query rows as M) ---------------------------------------------
 # After FlashMLA's "seesaw" schedule (its deep-dive document describes it; none of its code is used)
 # in Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51), and over the bf16 cache on
 # 32-token tiles (h65): 64 query rows a program, two compute warpgroups, a tile each of every pair
 # of tiles (in step since h54: the pair's running max from both tiles' maxima), and a one-warp TMA
 # loader; the schedule, pages and partials of _hopper_decode's serving path.
-
 # A row's running max moves only where a tile passes it by more than this (log2 units, NOTES.md
 # h52): P <= 2^0.8, stored as 256 P <= 446 within e4m3's 448
 SW_TAU = gl.constexpr(0.8)
@@ -2981,6 +3666,97 @@ def _mla_decode_seesaw_kernel(
         [4, 1], [240, 32])
 
 
+# --- Hopper: the combine kernel (the serving kernels' split requests merged) -----------------
+@_constexpr_function
+def _split_lse_layout(rows, warps):
+    """(splits x rows) of partial lse: rows over the lanes (past 32, also in registers), splits over
+    the remaining lanes and the warps."""
+    lanes = min(rows, 32)
+    return gl.BlockedLayout([1, rows // lanes], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
+@gluon.jit
+def _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                WARPS: gl.constexpr):
+    """The base-2 lse of the merged rows from their splits' (-inf for a row with nothing attended)."""
+    LAYOUT: gl.constexpr = _split_lse_layout(NUM_HEADS, WARPS)
+    splits = gl.expand_dims(gl.arange(0, MAX_SPLITS, layout=gl.SliceLayout(1, LAYOUT)), 1)
+    heads = gl.expand_dims(gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT)), 0)
+    lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=splits < num_splits,
+                  other=float("-inf"), cache_modifier=".cg")
+    top = gl.max(lse, 0)
+    top = gl.where(top == float("-inf"), 0.0, top)
+    return top + gl.log2(gl.sum(gl.exp2(lse - gl.expand_dims(top, 0)), 0))
+
+
+@_constexpr_function
+def _serving_merge_slice(latent, splits, rows, warps, dims):
+    """Latent dims _merge_serving merges at once: 64 floats of partials per thread (16 rows at 4
+    warps, 32 at 8: latent / splits dims; twice the rows per thread: half as many dims), at most
+    the `dims` it merges."""
+    return min(dims, latent // splits // max(1, rows // (4 * warps)))
+
+
+@gluon.jit
+def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                   WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
+                   DIMS: gl.constexpr):
+    """Latent dims [dim0, dim0 + DIMS) of the request's rows merged from its num_splits (<= SPLITS)
+    splits."""
+    SLICE: gl.constexpr = _serving_merge_slice(LATENT, SPLITS, NUM_HEADS, WARPS, DIMS)
+    for dim_begin in range(dim0, dim0 + DIMS, SLICE):
+        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_base, first_slot, dim_begin, kv_scale, WARPS, SPLITS, SLICE,
+                     NUM_HEADS, LATENT, num_splits, rows, row_ok)
+
+
+@gluon.jit
+def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
+                   dim0, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                   LATENT: gl.constexpr, DIMS: gl.constexpr):
+    """A request's rows of out, dims [dim0, dim0 + DIMS), from its num_splits partials in slots
+    first_slot ...: _merge_serving in the layout of the smallest split-count class that holds them
+    (4, 8 or MAX_SPLITS), then, by the part that holds dim 0, the merged lse."""
+    if num_splits <= 4:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, 4, NUM_HEADS, LATENT, DIMS)
+    elif num_splits <= 8:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, 8, NUM_HEADS, LATENT, DIMS)
+    else:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, MAX_SPLITS, NUM_HEADS, LATENT, DIMS)
+    if dim0 == 0:
+        merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
+        gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
+
+
+@gluon.jit
+def _mla_combine_kernel(PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, KV_SCALE, OUT, LSE, kv_scale_value, slots, num_heads,
+                        q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                        stride_lse_token, NUM_HEADS: gl.constexpr, MAX_SPLITS: gl.constexpr, DIMS: gl.constexpr,
+                        WARPS: gl.constexpr, KV_SCALE_IN_TENSOR: gl.constexpr, LATENT: gl.constexpr = 512):
+    """The serving API's merge of split requests, after the Hopper kernel (FlashMLA's combine step
+    too): program (request, row group, part) merges dims [part x DIMS, part x DIMS + DIMS) of the
+    group's NUM_HEADS rows from the request's partials, where its split count (SPLIT_COUNTS, written
+    by the kernel before) is above one; a request of one split was written whole by the kernel.
+    Spread over the grid, a request's merge costs one memory latency per part, where the split that
+    finished last took them one after the other (NOTES.md h72)."""
+    request = gl.program_id(0)
+    group = gl.program_id(1)
+    num_splits = gl.load(SPLIT_COUNTS + 2 * request + 1)
+    if num_splits > 1:
+        first_slot = group * slots + gl.load(SPLIT_COUNTS + 2 * request)
+        kv_scale = gl.load(KV_SCALE) if KV_SCALE_IN_TENSOR else kv_scale_value
+        ROW_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, ROW_LAYOUT)
+        out_base = OUT + request.to(gl.int64) * stride_o_batch
+        lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
+        _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, q_token * stride_o_token + head * stride_o_head, lse_rows,
+                       row_ok, first_slot, num_splits, kv_scale, gl.program_id(2) * DIMS, WARPS, MAX_SPLITS,
+                       NUM_HEADS, LATENT, DIMS)
+
+
+# --- Hopper: host side (descriptors, residency, custom_kernel's route, compile plans) --------
 def hopper_boxes(dtype="fp8e4nv", latent_3d=False, tokens=64):
     """The TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: (latent box, its shared
     layout, the rope box's layout). The latent box is (64 tokens, 128 dims), one copy per chunk
@@ -3155,10 +3931,10 @@ def _combine_plan(rows):
             "num_warps": constexprs["WARPS"], "num_stages": 1}
 
 
-def _hopper_paged_signature(cache, page, tokens=64):
-    """The signature of hopper_paged_kernel(page): TMA descriptors (of `tokens`-token tiles), or the
-    cache and its row stride."""
-    if hopper_paged_kernel(page) is _mla_decode_gathered_hopper_kernel:
+def _hopper_paged_signature(kernel, cache, tokens=64):
+    """The signature of a Hopper serving kernel: TMA descriptors (of `tokens`-token tiles), or, for the
+    gathered kernel, the cache and its row stride."""
+    if kernel is _mla_decode_gathered_hopper_kernel:
         leading = {"Q": "*bf16", "KV": f"*{cache}", "KV_SCALE": "*fp32"}
         gathered = ("stride_kv_row",)
     else:
@@ -3174,14 +3950,6 @@ def _hopper_paged_signature(cache, page, tokens=64):
     }
 
 
-def hopper_paged_kernel(page_size, params=None):
-    """The Hopper kernel of a serving page size and route row params: TMA over pages of whole
-    tiles (the seesaw kernel where the row asks for it), cp.async below."""
-    if page_size < 64:
-        return _mla_decode_gathered_hopper_kernel
-    return _mla_decode_seesaw_kernel if (params or {}).get("seesaw") else _mla_decode_paged_hopper_kernel
-
-
 def hopper_row_constexprs(params):
     """The Hopper paged kernels' constexprs that a hopper_paged route row's params fix, for the
     compile plan and the launch alike (BLOCK_N only where the row names its tile: the bf16 seesaw's)."""
@@ -3193,8 +3961,12 @@ def hopper_row_constexprs(params):
 def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
     plan = []
     tokens = params.get("block_n", 64)
+    kv = "fp8" if cache == "fp8e4nv" else "bf16"
+    row = {"kv": kv, "route": "hopper_paged", "params": params}
     for page in page_sizes:
-        kernel, signature = hopper_paged_kernel(page, params), _hopper_paged_signature(cache, page, tokens)
+        shape = PlanShape(batch, 1, params.get("rows", SERVING_ROWS), page, kv, False)
+        kernel = serving_route(shape, None, page, table=[row], here=False).kernel  # the launch's choice
+        signature = _hopper_paged_signature(kernel, cache, tokens)
         plan += [{
             "kernel": kernel, "targets": ["sm90"], "signature": signature,
             "constexprs": {**keyword_defaults(kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
@@ -3229,7 +4001,6 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
 # aiter's API says a kernel writes it), the metadata calls get theirs by the names read. Anything this file
 # cannot call correctly turns the aiter routes off (one warning line, Triton routes).
 # =============================================================================================
-
 # Values this file fills, by parameter name, in the newest known order. OPTIONAL names may be
 # absent from an older aiter; every other name must be there.
 STAGE1_PARAMETERS = (
@@ -3387,7 +4158,6 @@ except Exception as exc:  # not installed, a broken install, or an API this file
     _reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
     print(f"submission.py: aiter routes off ({_reason}); using the portable Triton routes",
           file=sys.stderr)
-
 # Module caches. Each key holds everything its object depends on. The runner keeps the module for
 # all cases of a mode; the keys are per shape, so they stay small. No output is ever cached: each
 # call returns a fresh tensor (a caller may keep earlier results).
@@ -3876,6 +4646,9 @@ TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": t
                         "hopper_fp8": hopper_fp8_compile_plan, "hopper_paged": hopper_paged_compile_plan,
                         "triton_paged": triton_paged_compile_plan}
 
+
+SERVING_ROUTES = ({"triton_paged"} | ({"hopper_paged"} if HOPPER else set())  # the serving routes that exist here
+                  | (set(AITER_SERVING_ROUTES) if HAVE_AITER else set()))
 # What each route reads and how it is judged, for every route name a table may hold:
 #   kv_format: the kv_data entry it reads; q_format: how it rounds q before Q.K ("fp8": to fp8,
 #       "bf16": kept), or q_format_param (parameter, {value: format}) where a parameter decides;
@@ -3937,716 +4710,87 @@ def run_candidate(candidate, data, total_kv):
     check_kv_format(data[1], ROUTE_INFO[candidate["route"]]["kv_format"], total_kv, data[0].device)
     return ROUTES[candidate["route"]](*data, **candidate["params"])
 
-# =============================================================================================
-# Route tables (data)
-# Lists of rows {"max_batch", "max_kv_len", "route", "params"[, "candidates"]}. A row matches a
-# call when batch <= max_batch and kv_len <= max_kv_len (None: no bound), kv_len = total_kv //
-# batch. The first matching row whose preconditions hold wins (row_preconditions_hold):
-#   - a paged row (params["page_size"] > 1) needs lengths declared uniform and a multiple of it;
-#   - a route absent here (ROUTE_INFO "portable": False, e.g. hopper_fp8 off sm_90) skips the
-#     row: the next row for the same shapes, a portable one, serves them.
-# The last row of each table matches everything and always holds (the catch-all).
-# "candidates": further configurations the candidate race measures for the row (section
-# "Candidate race"); the row's own route and params are its first candidate.
-# AITER_ROUTE_TABLE: every row reads every token, so page size 1 everywhere (the runner's
-# reference's own setting). A page > 1 row may come back only after a strict check on an MI355X
-# shows it right (docs/runner.md, "Page size": aiter's q-length-1 fp8 persistent kernel has no
-# paged build and most likely reads one token per page, which the runner's loose check passes).
-# Nothing in it has run on an MI355X. Its catch-all is the reference's configuration (persistent,
-# page 1, 32 splits, per-tensor q scale): right for any lengths.
-# Parameters shared by routes: num_splits = KV splits per batch row (aiter's persistent plan: at
-# most that many); q_scale (aiter routes) = how bf16 q becomes fp8: "tensor" max|q| / fp8 max like
-# the reference, right for any q; "unit" q.to(fp8) with scale 1, right only while max|q| <= the
-# fp8 max (448 e4m3fn, 240 e4m3fnuz; the runner's q is randn).
-# tune.py --write and tools/freeze_race_log.py rewrite the literals between the markers: keep
-# them plain literals.
-# =============================================================================================
-# BEGIN ROUTE TABLES
-AITER_ROUTE_TABLE = [
-    {"max_batch": 4, "max_kv_len": 1024, "route": "aiter_bf16", "params": {},
-     "candidates": [
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 8, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "aiter_bf16", "params": {}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": 256, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 1, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 1, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-    {"max_batch": 4, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 32}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 32, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 32, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 4}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": 64, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": 256, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-    {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 32, "q_scale": "tensor"}},
-]
-TRITON_ROUTE_TABLE = [
-    {"max_batch": 4, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 3},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 1, "num_warps": 4, "num_stages": 3}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 3}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 64, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-]
-# END ROUTE TABLES
 
 # =============================================================================================
-# Router and custom_kernel
+# The serving API's plan and launches (mla_decode_with_kvcache's plan -> launch)
 # =============================================================================================
-LAST_ROUTE = None  # route_label of the candidate the last call ran (eval.py shows it)
-LAST_CANDIDATE = None  # that candidate, {"route", "params"} (read it, do not modify it)
 
 
-def active_route_table():
-    return AITER_ROUTE_TABLE if HAVE_AITER else TRITON_ROUTE_TABLE
+def _prepare_call(plan, shape, q, k_cache, block_table, softmax_scale):
+    """How the calls of one checked signature run: the plan filled by its first call (or held to
+    that call's shape), then a function of a call's (q, k_cache, block_table, cache_seqlens,
+    k_scale) that launches the plan's route and returns fresh (out, lse). A cache TMA cannot read
+    (its blocks apart, a property of the signature) goes to the portable route's plan."""
+    capacity = block_table.shape[1] * shape.page_size
+    if plan.shape is None:
+        _fill_plan(plan, shape, q.device, capacity)
+    elif plan.shape != shape:
+        raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {tuple(plan.shape)}, "
+                         f"this call is {tuple(shape)}: use one plan per shape")
+    if plan.kernel is None:  # aiter's route (MI355X)
+        def run_aiter(q, k_cache, block_table, cache_seqlens, k_scale):
+            return aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_scale, k_scale)
+        return run_aiter
+    target = plan
+    if plan.route["route"] == "hopper_paged" and not tma_can_read(k_cache):
+        if plan.fallback is None:
+            plan.fallback = MlaDecodePlan()
+            _fill_plan(plan.fallback, shape, q.device, capacity, tma_readable=False)
+        target = plan.fallback
+    return _kernel_call(target, SM_SCALE if softmax_scale is None else softmax_scale)
 
 
-def row_preconditions_hold(row, kv_len, uniform):
-    """The row's route exists here (the Hopper route only on sm_90), and a paged row needs
-    uniform KV lengths that are a multiple of its page size."""
-    page_size = row["params"].get("page_size", 1)
-    exists = ROUTE_INFO.get(row["route"], {}).get("portable", True) or row["route"] in ROUTES
-    return exists and (page_size == 1 or (uniform and kv_len % page_size == 0))
-
-
-def select_route(batch, kv_len, uniform=True, table=None):
-    """The first row of `table` (default: the active one) with batch <= max_batch and
-    kv_len <= max_kv_len whose preconditions hold. `uniform`: every batch holds kv_len rows
-    (see declares_uniform_kv)."""
-    for row in active_route_table() if table is None else table:
-        if ((row["max_batch"] is None or batch <= row["max_batch"])
-                and (row["max_kv_len"] is None or kv_len <= row["max_kv_len"])
-                and row_preconditions_hold(row, kv_len, uniform)):
-            return row
-    raise ValueError(f"no route-table row fits batch {batch}, kv_len {kv_len}, uniform {uniform}: "
-                     "a table must end with an always-valid catch-all row")
-
-
-class Selection:
-    """What a shape runs: its table row, the candidate it settled on (the row's own route until
-    a race settles another), that candidate's route_label, the table, and whether the row's
-    candidate race is still to run."""
-    __slots__ = ("row", "candidate", "label", "table", "racing")
-
-    def __init__(self, row, candidate, table, racing=False):
-        self.row, self.candidate, self.table, self.racing = row, candidate, table, racing
-        self.label = route_label(candidate)
-
-
-# (batch, kv_len, uniform, id(table)) -> Selection. The table is kept so that its id stays its
-# own. Tables are data read at call time: replace a table rather than edit it in place (or clear
-# this dict).
-_SELECTED = {}
-
-
-def _selection(batch, kv_len, uniform):
-    """(cache key, Selection) for a shape under the active table."""
-    table = active_route_table()
-    key = (batch, kv_len, uniform, id(table))
-    selection = _SELECTED.get(key)
-    if selection is None:
-        row = select_route(batch, kv_len, uniform, table)
-        selection = _SELECTED[key] = Selection(row, {"route": row["route"], "params": row["params"]}, table,
-                                               races_here(row, batch, kv_len, uniform))
-    return key, selection
-
-
-def _note_ran(candidate, label=None):
-    global LAST_ROUTE, LAST_CANDIDATE
-    LAST_ROUTE, LAST_CANDIDATE = label or route_label(candidate), candidate
-
-
-def _run(candidate, data, total_kv, label=None):
-    """Run a candidate for the caller and say so in LAST_ROUTE / LAST_CANDIDATE."""
-    _note_ran(candidate, label)
-    return run_candidate(candidate, data, total_kv)
-
-
-def custom_kernel(data: input_t) -> output_t:
-    """MLA decode attention for one batch of query rows.
-
-    Args:
-        data: (q, kv_data, qo_indptr, kv_indptr, config) as the leaderboard's generate_input makes it:
-            q (batch, 16, 576) bf16; kv_data {"bf16": (total_kv, 1, 576) bf16, "fp8": (data, scale),
-            "mxfp4": (data, block scales)}; qo_indptr, kv_indptr (batch + 1,) int32; config with
-            batch_size, q_seq_len (1), kv_seq_len and sm_scale (1 / sqrt(576)). Every tensor on one
-            device; q in any layout; each KV tensor with a contiguous last dimension.
-    Returns:
-        A fresh (batch, 16, 512) bf16 tensor: softmax(sm_scale * q k^T) v over each batch row's KV
-        rows, as read by the route that the active table picks for (batch, kv_len).
-    Raises:
-        ValueError naming the field when a shape, dtype, device, layout or config entry is off
-        (no GPU sync).
-    """
-    q, kv_data, qo_indptr, kv_indptr, config = data
-    q, qo_indptr, kv_indptr, batch, total_kv = check_inputs(q, kv_data, qo_indptr, kv_indptr, config)
-    data = (q, kv_data, qo_indptr, kv_indptr, config)
-    key, selection = _selection(batch, total_kv // batch, declares_uniform_kv(batch, total_kv, config))
-    if selection.racing:
-        return race_call(key, selection, data, batch, total_kv)
-    return _run(selection.candidate, data, total_kv, selection.label)
-
-# =============================================================================================
-# Serving API: a paged MLA decode shaped like FlashMLA's interface
-# get_mla_decode_metadata / mla_decode_with_kvcache on the same kernels as custom_kernel
-# (_mla_decode_kernel with a page size). Shapes, dtypes, devices and layouts are checked once per
-# plan and call signature; a call whose signature the plan has seen pays attribute reads only.
-# =============================================================================================
-SERVING_MAX_HEADS = 128
-SERVING_MAX_Q_LEN = 8
-SERVING_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-SERVING_ROWS = 16  # query rows (token, head pairs) per program (the MMA's N): portable route, Hopper default
-SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its merge than it saves
-SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
-SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
-
-# Which route serves a plan, as data: the first row whose "kv" is the cache's format, whose "pages" (if any)
-# hold the page size, whose "max_batch" (if any) holds the batch, whose "min_rows" (if any) the plan's query
-# rows (s_q x h_q) reach, and whose route this machine has. hopper_paged: the Hopper kernel, a 64-token tile
-# by TMA from one page (pages of 64 and 128) or gathered a row per token by cp.async (shorter pages; NOTES.md
-# h48), the work balanced by tokens over the batch ("waves": programs per SM slot it aims for, "min_chunk":
-# the shortest split): chunks of one request each (_serving_work), or with "spans" where the batch can outgrow
-# one wave of chunks (takes_span_kernel), per call whichever _span_start's cost model finds shorter: chunks,
-# or one equal span of the batch's tiles per program across requests (fp8 A 1.20x, B 1.24x; bf16 at 32 rows A
-# 1.19x, B 1.24x; not on the bf16 16-row row, whose tile loop then spills: NOTES.md h42); the schedule holds
-# the batch's lengths in one warp, so up to 1024 requests; "rows": query rows per program (16 where absent),
-# each program one pass over its split's tiles (with spans, over each of its segments'). An fp8 cache with 64
-# or more rows on pages of whole tiles: the seesaw kernel ("seesaw": query rows as M, two compute warpgroups
-# in step and a loader warp, S and P.V in fp8 with P as 256 P, a lazy running max; 4 warps a warpgroup, 4
-# ring slots; grid A 1.30x the tokens-as-M row's kernel time, then 1.06x with the lazy max: 0.99x FlashMLA's,
-# then 1.07x with V^T by ldmatrix and the warpgroups in step, 1.02x with each warpgroup merging its half of the
-# dims: NOTES.md h51-h54, h63). A bf16 cache with 64 or more rows on pages of whole tiles: the same seesaw kernel
-# on 32-token tiles ("block_n": 32: four 36 KiB slots beside 72 KiB of bf16 q), S and P.V in bf16 (NOTES.md
-# h65). Every Hopper row's split requests are merged by _mla_combine_kernel after its kernel (h72: bf16 A 1.23x
-# with the seesaw's spills halved, C fp8 1.17x, bf16 1.12x). Elsewhere a bf16 cache with 32 or more rows:
-# 32 rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x the 16-row
-# row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted exactly in registers, P in f16,
-# half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64 rows and 8 warps on pages shorter than a
-# tile (grid A 1.40x the 16-row row: 990 against 1386 us), 32 to 63 rows at 32 rows and 8 warps (B at two
-# query tokens 1.04x / 1.08x at 4k / 16k with V converted as packed words: NOTES.md h49c; even before them,
-# h43), the rest at 16 rows and 4 warps (C 1.03x, B even, no spills in the span kernel's tile loops; NOTES.md
-# h43). Not 32 rows at 4 warps (its f16 accumulators spill), nor fp8 P_hi / P_lo at 32 rows (0.78x, h40).
-# Everything else: the portable kernel (NOTES.md h36, h38).
-# num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory. Not here: bf16 at 32
-# rows and 4 warps (spills 128 B), at 64 rows and 8 warps (240 KiB of shared memory).
-# "shared_max" (P^T in 16 bits, two warpgroups): the row max and the rescale factors through shared memory,
-# two barriers a tile for five (fp8 A 1.02x, bf16 A 1.05x; 16 rows even: h44c).
-SERVING_ROUTE_TABLE = [
-    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
-     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
-                "seesaw": True}},
-    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
-     "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
-                "pv_f16": True, "shared_max": True}},
-    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
-     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
-                "pv_f16": True, "shared_max": True}},
-    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
-     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
-    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
-     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
-                "seesaw": True, "block_n": 32}},
-    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
-     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
-                "shared_max": True}},
-    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
-     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
-    {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
-    {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
-]
-# Consulted first, and only where aiter loaded (HAVE_AITER: the MI355X): a row serves a plan whose
-# cache format is "kv", head count in "heads", query tokens in "s_q", when the loaded aiter has
-# every capability in "needs" (AITER_SERVING_CAPABILITIES); the plan falls through to
-# SERVING_ROUTE_TABLE otherwise (other head counts, s_q > 1, the runner's aiter with a bf16 cache).
-# Head counts: the non-persistent kernels for one query token (NOTES.md h37a); the persistent
-# a8w8 kernels with an lse build (NOTES.md h47: 16 / 64 / 128 heads from 2026-06-11, 32 from
-# 2026-06-26; fp8 32 and 64 have no non-persistent kernel there). One query token only: the double
-# models q length 1, and how aiter's multi-token persistent kernels align the causal mask is in
-# their binaries. Which route first (unmeasured: no MI355X): the persistent row up to 32 requests,
-# where the leaderboard's AITER_ROUTE_TABLE takes a8w8 persistent too and aiter's own
-# mla_decode_fwd keeps its (bf16) persistent kernel (its batch gate: 32); above, one split each.
-# aiter's kernels for these cases, and why no others: the aiter section (NOTES.md h37, h47).
-AITER_SERVING_TABLE = [
-    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "max_batch": 32, "needs": ("persistent_lse",),
-     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
-    {"kv": "fp8", "heads": (64,), "s_q": (1,), "needs": ("persistent_lse",), "route": "aiter_serving_a8w8_persistent",
-     "params": {"num_splits": 16}},
-    {"kv": "fp8", "heads": (32,), "s_q": (1,), "needs": ("persistent_lse_32_heads",),
-     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
-    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "needs": (), "route": "aiter_serving_fp8", "params": {}},
-    {"kv": "fp8", "heads": (8,), "s_q": (1,), "needs": ("fp8_8_heads",), "route": "aiter_serving_fp8",
-     "params": {}},
-    {"kv": "bf16", "heads": (16, 64, 128), "s_q": (1,), "needs": ("decode_lse",), "route": "aiter_serving_bf16",
-     "params": {}},
-]
-
-
-def serving_row_serves(row, shape):
-    """Whether a serving table row serves a plan of shape (batch, s_q, h_q, page_size, kv, causal):
-    its cache format, and where the row names them its head counts, query tokens, page sizes,
-    largest batch, fewest query rows (s_q x h_q) and the aiter capabilities it needs."""
-    batch, s_q, h_q, page_size, kv_format, _ = shape
-    return (row["kv"] == kv_format and h_q in row.get("heads", (h_q,)) and s_q in row.get("s_q", (s_q,))
-            and page_size in row.get("pages", (page_size,)) and batch <= row.get("max_batch", batch)
-            and s_q * h_q >= row.get("min_rows", 0)
-            and AITER_SERVING_CAPABILITIES.issuperset(row.get("needs", ())))
-
-
-class MlaDecodePlan:
-    """What get_mla_decode_metadata returns. Empty until the first mla_decode_with_kvcache call
-    that uses it; that call fixes its shape (batch, s_q, h_q, page size, cache dtype, causal),
-    chooses the route and the split count, and allocates the split workspace. Reuse it for every
-    call (and layer) of that shape: the split bounds are computed by the kernel from cache_seqlens
-    on the GPU, so new lengths and block-table contents need no new plan, eagerly or in a replayed
-    CUDA graph. Calls that share a plan must run in order on one GPU queue, as an
-    engine's layers do.
-
-    num_splits: None (the first call chooses); set it to a count before the first call to fix it.
-    The portable route cuts every request into num_splits equal splits (by default enough programs
-    to fill the GPU twice, no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's
-    capacity); the Hopper route cuts the batch's tokens into about num_splits chunks (by default
-    one per program slot of the GPU), each request into its share of them, or (rows with "spans")
-    gives each program an equal span of the batch's tiles across requests, whichever is shorter
-    for the call's lengths."""
-
-    def __init__(self):
-        self.num_splits = None
-        self.shape = None  # (batch, s_q, h_q, page_size, cache dtype, causal) once filled
-        self.route = None  # the SERVING_ROUTE_TABLE row serving the plan
-        self.workspace = None  # (partials, partial lse, the portable kernel's tickets or the Hopper split counts)
-        self.launches = {}  # call signature -> its launch (a function of the call's tensors), once checked
-        self.fallback = None  # the portable route's plan, for calls whose cache the Hopper route cannot read
-        self.aiter = None  # an aiter route's AiterServingBuffers (MI355X only)
-
-    def __repr__(self):
-        if self.shape is None:
-            return "MlaDecodePlan(empty)"
-        return (f"MlaDecodePlan(batch={self.shape[0]}, s_q={self.shape[1]}, h_q={self.shape[2]}, "
-                f"page_size={self.shape[3]}, kv={self.shape[4]}, causal={self.shape[5]}, "
-                f"num_splits={self.num_splits}, route={self.route['route']})")
-
-
-def get_mla_decode_metadata(*args, **kwargs):
-    """An empty plan for mla_decode_with_kvcache, as FlashMLA's get_mla_metadata returns one.
-
-    Args:
-        Anything: FlashMLA's callers pass (cache_seqlens, s_q * h_q, 1) or nothing; the plan
-        fills itself on its first use, so the arguments are not needed and not read.
-    Returns:
-        (plan, None): an MlaDecodePlan, and None where FlashMLA returns its split counts.
-    """
-    del args, kwargs
-    return MlaDecodePlan(), None
-
-
-def _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
-                       k_scale):
-    """Everything check_serving_inputs looks at, as a tuple (attribute reads only; hashable unless
-    an argument is not); None when an argument is not what it must be (check_serving_inputs then
-    says which)."""
-    try:
-        # devices as get_device() ints (-1: the CPU): cheaper to make and to hash than torch.device
-        scale = (("tensor", k_scale.dtype, tuple(k_scale.shape), k_scale.get_device())
-                 if isinstance(k_scale, torch.Tensor) else type(k_scale))
-        signature = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
-                     k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
-                     block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
-                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale,
-                     k_cache.data_ptr() % 16 == 0)
-        if IS_HIP:  # HIP's JIT also specialises each tensor on its storage fitting 2 GiB (_specialisation)
-            signature += tuple(t.untyped_storage().nbytes() <= HIP_RANGE32_BYTES
-                               for t in (q, k_cache, block_table, cache_seqlens, k_scale)
-                               if isinstance(t, torch.Tensor))
-        return signature
-    except (AttributeError, TypeError):
-        return None
-
-
-def _check_tensor(field, x, dtype_ok, dims, device=None):
-    if not isinstance(x, torch.Tensor) or x.dim() != dims or not dtype_ok(x.dtype):
-        raise ValueError(f"{field}: expected a {dims}-D tensor of the documented dtype, got {_describe(x)}")
-    if device is not None:
-        _same_device(field, x, device)
-
-
-def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
-                         k_scale):
-    """Validate a serving call without reading tensor contents (no GPU sync); return the plan
-    shape (batch, s_q, h_q, page_size, cache format, causal). Raises ValueError naming the
-    argument. Contents are the kernel's to check: lengths, block ids (their rows come back NaN)."""
-    _check_tensor("q", q, lambda d: d == torch.bfloat16, 4)
-    batch, s_q, h_q, dims = q.shape
-    if dims != QK_HEAD_DIM:
-        raise ValueError(f"q must be (batch, s_q, h_q, {QK_HEAD_DIM}), got shape {tuple(q.shape)}")
-    if batch < 1:
-        raise ValueError(f"q has batch {batch}: at least one request is needed")
-    if not 1 <= s_q <= SERVING_MAX_Q_LEN:
-        raise ValueError(f"q has s_q {s_q} query tokens per request: 1 to {SERVING_MAX_Q_LEN} are served")
-    if not 1 <= h_q <= SERVING_MAX_HEADS:
-        raise ValueError(f"q has h_q {h_q} heads: 1 to {SERVING_MAX_HEADS} are served")
-    _check_tensor("k_cache", k_cache, lambda d: d == torch.bfloat16 or d in FP8_DTYPES, 4, q.device)
-    num_blocks, page_size, kv_heads, kv_dims = k_cache.shape
-    if kv_heads != NUM_KV_HEADS:
-        raise ValueError(f"k_cache has {kv_heads} KV heads (dimension 2 of {tuple(k_cache.shape)}): MLA has one "
-                         "latent KV head")
-    if kv_dims != QK_HEAD_DIM:
-        raise ValueError(f"k_cache must be (num_blocks, page_size, 1, {QK_HEAD_DIM}), got {tuple(k_cache.shape)}")
-    if page_size not in SERVING_PAGE_SIZES:
-        raise ValueError(f"k_cache has page_size {page_size}: the served page sizes are {SERVING_PAGE_SIZES}")
-    if num_blocks < 1:
-        raise ValueError("k_cache has 0 blocks")
-    _unit_last_stride("k_cache", k_cache)
-    _aligned_cache("k_cache", k_cache)
-    if k_cache.dtype == torch.float8_e4m3fnuz and k_cache.is_cuda and not IS_HIP:
-        raise ValueError("k_cache is float8_e4m3fnuz (AMD gfx942's fp8): NVIDIA GPUs read float8_e4m3fn")
-    _check_tensor("block_table", block_table, lambda d: d == torch.int32, 2, q.device)
-    if block_table.shape[0] != batch or block_table.shape[1] < 1:
-        raise ValueError(f"block_table must be (batch = {batch}, max_blocks >= 1) int32, got "
-                         f"{tuple(block_table.shape)}")
-    _unit_last_stride("block_table", block_table)  # a request's row is read as consecutive entries
-    _check_tensor("cache_seqlens", cache_seqlens, lambda d: d == torch.int32, 1, q.device)
-    if cache_seqlens.shape[0] != batch:
-        raise ValueError(f"cache_seqlens must be (batch = {batch},) int32, got {tuple(cache_seqlens.shape)}")
-    _unit_last_stride("cache_seqlens", cache_seqlens)
-    if head_dim_v != V_HEAD_DIM:
-        raise ValueError(f"head_dim_v is {head_dim_v!r}: MLA's values are the first {V_HEAD_DIM} latent dims")
-    if num_splits is not None:
-        raise ValueError(f"num_splits is {num_splits!r}: pass None (the plan chooses the splits; set "
-                         "plan.num_splits before its first call to fix them)")
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
-                                      or not 0 < softmax_scale < float("inf")):
-        raise ValueError(f"softmax_scale is {softmax_scale!r}: a positive finite number, or None for 1/sqrt(576)")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal is {causal!r}: True or False")
-    fp8 = k_cache.dtype in FP8_DTYPES
-    if not fp8 and k_scale is not None:
-        raise ValueError("k_scale is given for a bfloat16 k_cache: it dequantises an fp8 cache only")
-    if fp8 and k_scale is None:
-        raise ValueError(f"k_scale is missing: a {k_cache.dtype} k_cache needs its dequantisation scale "
-                         "(value = fp8 x k_scale)")
-    if isinstance(k_scale, torch.Tensor):
-        if k_scale.dtype != torch.float32 or k_scale.numel() != 1 or k_scale.dim() > 1:
-            raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, shape () or "
-                             f"(1,), got {_describe(k_scale)}")
-        _same_device("k_scale", k_scale, q.device)
-    elif fp8 and (isinstance(k_scale, bool) or not isinstance(k_scale, (int, float))):
-        raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, got {_describe(k_scale)}")
-    return batch, s_q, h_q, page_size, "fp8" if fp8 else "bf16", causal
-
-
-def _programs_to_fill(device):
-    """Programs that keep every multiprocessor busy twice over (SERVING_CPU_PROGRAMS without a GPU)."""
-    if device.type == "cpu":
-        return SERVING_CPU_PROGRAMS
-    return 2 * sm_count(device)
-
-
-SERVING_ROUTES = {"triton_paged"} | ({"hopper_paged"} if HOPPER else set())
-
-
-def serving_route_row(shape, table=None):
-    """The first row that serves a plan of this shape here: of the table given, else of
-    AITER_SERVING_TABLE (where aiter loaded) and then SERVING_ROUTE_TABLE."""
-    rows = table if table is not None else (AITER_SERVING_TABLE if HAVE_AITER else []) + SERVING_ROUTE_TABLE
-    return next(row for row in rows if (row["route"] in SERVING_ROUTES or row["route"] in AITER_SERVING_ROUTES)
-                and serving_row_serves(row, shape))
-
-
-def route_rows(route):
-    """Query rows per program of a serving route row: its params' "rows" on the Hopper route (16
-    where absent), SERVING_ROWS on the portable one."""
-    return route["params"].get("rows", SERVING_ROWS) if route["route"] == "hopper_paged" else SERVING_ROWS
-
-
-def _fill_plan(plan, shape, route, block_table, device):
-    """Fix the plan's shape, route, split count and workspace on its first call."""
-    batch, s_q, h_q, page_size, _, _ = shape
-    if route["route"] in AITER_SERVING_ROUTES:  # its buffers come with its first call
-        plan.route, plan.shape = route, shape
-        return
+def _fill_plan(plan, shape, device, capacity, tma_readable=True):
+    """Fix the plan's shape, route (serving_route), kernel, split count and workspace on its first
+    call: float32 partials and lse per (row group, partial slot), and counters (the portable
+    kernel's tickets, zero between its calls; or each request's first partial slot and split count,
+    written by the Hopper kernel for _mla_combine_kernel)."""
     if plan.num_splits is not None and (isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int)
                                         or plan.num_splits < 1):
         raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count >= 1")
-    rows = route_rows(route)
-    groups = triton.cdiv(s_q * h_q, rows)
-    params = route["params"]
-    if route["route"] == "hopper_paged":
-        if plan.num_splits is None:  # the batch's chunks: one per program slot of the GPU
-            # the seesaw kernel's program is three warpgroups of num_warps: two compute, the loader's warp padded
-            warps = params["num_warps"] * (3 if params.get("seesaw") else 1)
-            resident = sm_count(device) * hopper_programs_per_sm(warps, params["num_stages"],
-                                                                 2 if shape[4] == "bf16" else 1, rows)
-            plan.num_splits = max(1, params["waves"] * resident // groups)
-        slots = groups * (plan.num_splits + batch)  # work items: at most a chunk count plus one per request
-        counters = 2 * batch  # each request's first partial slot and split count (_store_split_count)
+    route = serving_route(shape, device, capacity, tma_readable, plan.num_splits)
+    plan.shape, plan.route, plan.kernel, plan.spans = shape, route.row, route.kernel, route.spans
+    if route.kernel is None:  # aiter's: its buffers come with its first call
+        return
+    plan.num_splits = route.num_splits
+    rows = route_rows(route.row)
+    groups = triton.cdiv(shape.s_q * shape.h_q, rows)
+    if route.row["route"] == "hopper_paged":
+        slots = groups * (plan.num_splits + shape.batch)  # work items: at most a chunk count plus one per request
+        counters = 2 * shape.batch
     else:
-        if plan.num_splits is None:
-            capacity = block_table.shape[1] * page_size
-            wanted = triton.cdiv(_programs_to_fill(device), batch * groups)
-            plan.num_splits = max(1, min(wanted, capacity // SERVING_SPLIT_MIN_TOKENS))
-        slots = batch * groups * plan.num_splits if plan.num_splits > 1 else 1
-        counters = batch * groups  # the portable kernel's tickets, zero between its calls
+        slots = shape.batch * groups * plan.num_splits if plan.num_splits > 1 else 1
+        counters = shape.batch * groups
     plan.workspace = (torch.empty(slots, V_HEAD_DIM, rows, dtype=torch.float32, device=device),
                       torch.empty(slots, rows, dtype=torch.float32, device=device),
                       torch.zeros(counters, dtype=torch.int32, device=device))
-    plan.route = route
-    plan.shape = shape
+
+
+def _kernel_call(plan, sm_scale):
+    """A checked signature's calls on a kernel route: fresh out and lse, then the route's launch
+    (SERVING_LAUNCHES); from the second call on, Triton's launcher directly (the scalars recorded
+    for the signature, k_scale's value where it is a float), wherever every pointer is 16-byte
+    aligned as when it was recorded and no launch hook is installed."""
+    direct = None
+
+    def run(q, k_cache, block_table, cache_seqlens, k_scale):
+        nonlocal direct
+        if q.stride(3) != 1:
+            q = q.contiguous()
+        batch, s_q, h_q, _ = q.shape
+        out = torch.empty(batch, s_q, h_q, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
+        scale_ptr = k_scale.data_ptr() if isinstance(k_scale, torch.Tensor) else 0
+        misaligned = (q.data_ptr() | k_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()
+                      | scale_ptr) & 15
+        if direct is not None and not misaligned and not _launch_hooks_installed():
+            direct(q, k_cache, block_table, cache_seqlens, k_scale, out, lse)
+        else:
+            launched = SERVING_LAUNCHES[plan.route["route"]](plan, q, k_cache, block_table, cache_seqlens, k_scale,
+                                                             out, lse, sm_scale)
+            direct = None if misaligned else launched
+        return out, lse
+    return run
 
 
 def _with_k_scale(scalars, k_scale):
@@ -4659,18 +4803,18 @@ def _with_k_scale(scalars, k_scale):
 
 def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
     """_mla_decode_kernel over the pages: launch it for this call; return how the calls of this
-    signature launch it (see mla_decode_with_kvcache), or None."""
-    batch, s_q, h_q, page_size, kv_format, causal = plan.shape
-    params = plan.route["params"]
+    signature launch it (_kernel_call), or None."""
+    shape, params = plan.shape, plan.route["params"]
     constexprs = {"FP8_MAX": FP8_MAX.get(k_cache.dtype, 0.0), "NUM_SPLITS": plan.num_splits,
-                  "BLOCK_N": params["block_n"], "KV_FP8": kv_format == "fp8", "PAGE_SIZE": page_size,
-                  "CAUSAL": causal and s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS,
+                  "BLOCK_N": params["block_n"], "KV_FP8": shape.kv == "fp8", "PAGE_SIZE": shape.page_size,
+                  "CAUSAL": shape.causal and shape.s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS,
                   "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor)}
     tensors, scalars = decode_launch_args(
         q, (q.stride(0), q.stride(1), q.stride(2)), k_cache, 1.0 if k_scale is None else k_scale, out,
         (out.stride(0), out.stride(1), out.stride(2)), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
-        plan.workspace, None, (cache_seqlens, block_table, page_size), sm_scale)
-    entry = launch(_mla_decode_kernel, (batch, plan.num_splits, triton.cdiv(s_q * h_q, SERVING_ROWS)), tensors,
+        plan.workspace, None, (cache_seqlens, block_table, shape.page_size), sm_scale)
+    entry = launch(_mla_decode_kernel, (shape.batch, plan.num_splits, triton.cdiv(shape.s_q * shape.h_q, SERVING_ROWS)),
+                   tensors,
                    scalars, constexprs, params["num_warps"], params["num_stages"], floats=DECODE_FLOATS)
     if entry is None or not all(t.data_ptr() % 16 == 0 for t in tensors):
         return None
@@ -4683,17 +4827,8 @@ def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out,
     return run
 
 
-def takes_span_kernel(params, batch, programs):
-    """Whether a plan launches the Hopper kernel with the span schedule (SPANS: the kernel then
-    chooses chunks or spans per call): where its row asks for it and the batch can outgrow one
-    wave of chunks. With batch x SERVING_MAX_SPLITS <= programs, every chunk schedule fits one
-    wave and _span_start's cost model never takes spans; the kernel without them is then the
-    faster one to carry (C b4 19.7 against 29.3 us: NOTES.md h42)."""
-    return bool(params.get("spans", False)) and batch * SERVING_MAX_SPLITS > programs
-
-
 def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, out, lse, workspace):
-    """The tensor arguments of the Hopper paged kernels (hopper_paged_kernel), in their order:
+    """The tensor arguments of the Hopper serving kernels, in their order:
     `descriptors` the cache's two TMA descriptors, or the cache itself for the gathered kernel (the
     workspace's tickets stand in for KV_SCALE where k_scale is a float or absent)."""
     partial_o, partial_lse, tickets = workspace
@@ -4702,24 +4837,24 @@ def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, o
 
 
 def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
-    """The Hopper kernel over the pages: _mla_decode_paged_hopper_kernel (TMA descriptors of the
-    cache as blocks x page rows) for pages of whole tiles, _mla_decode_gathered_hopper_kernel (the
-    cache itself and its row stride) below: launch it for this call; return how the calls of this
-    signature launch it, or None."""
-    batch, s_q, h_q, page_size, kv_format, causal = plan.shape
-    params = plan.route["params"]
+    """The plan's Hopper kernel over the pages (serving_route's choice: TMA descriptors of the cache
+    as blocks x page rows, or the cache itself and its row stride for the gathered kernel), then
+    _mla_combine_kernel: launch them for this call; return how the calls of this signature launch
+    them, or None."""
+    shape, params = plan.shape, plan.route["params"]
+    batch, page_size = shape.batch, shape.page_size
     rows = route_rows(plan.route)
-    groups = triton.cdiv(s_q * h_q, rows)
+    groups = triton.cdiv(shape.s_q * shape.h_q, rows)
     workspace = plan.workspace
-    kernel = hopper_paged_kernel(page_size, params)
+    kernel = plan.kernel
     gather = kernel is _mla_decode_gathered_hopper_kernel
     constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, **hopper_row_constexprs(params),
-                  "CAUSAL": causal and s_q > 1, "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
+                  "CAUSAL": shape.causal and shape.s_q > 1, "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
-                  "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits)}
+                  "KV_FP8": shape.kv == "fp8", "SPANS": plan.spans}
     scalars = _with_k_scale((
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
-        batch, plan.num_splits, params["min_chunk"], h_q, s_q, (q.stride(0), q.stride(1), q.stride(2)),
+        batch, plan.num_splits, params["min_chunk"], shape.h_q, shape.s_q, (q.stride(0), q.stride(1), q.stride(2)),
         block_table.stride(0), (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
                                 lse.stride(2)), *((k_cache.stride(1),) if gather else ())), k_scale)
 
@@ -4757,18 +4892,18 @@ def _combine_launch(plan, rows, groups, k_scale, out, lse):
     """_mla_combine_kernel after the Hopper kernel of `rows` query rows a program in `groups` row
     groups, on the plan's workspace: launch it for this call; return how the calls of this
     signature launch it (a function of k_scale, out and lse), or None."""
-    batch, s_q, h_q = plan.shape[:3]
+    shape = plan.shape
     partial_o, partial_lse, counts = plan.workspace
     constexprs = _combine_constexprs(rows, isinstance(k_scale, torch.Tensor))
-    scalars = (plan.num_splits + batch, h_q, s_q, out.stride(0), out.stride(1), out.stride(2), lse.stride(0),
-               lse.stride(1), lse.stride(2))
+    scalars = (plan.num_splits + shape.batch, shape.h_q, shape.s_q, out.stride(0), out.stride(1), out.stride(2),
+               lse.stride(0), lse.stride(1), lse.stride(2))
 
     def tensors(k_scale, out, lse):  # the split counts stand in for KV_SCALE where k_scale is a float or absent
         return partial_o, partial_lse, counts, k_scale if isinstance(k_scale, torch.Tensor) else counts, out, lse
 
     def scale(k_scale):
         return 1.0 if k_scale is None or isinstance(k_scale, torch.Tensor) else float(k_scale)
-    entry = launch(_mla_combine_kernel, (batch, groups, V_HEAD_DIM // COMBINE_DIMS), tensors(k_scale, out, lse),
+    entry = launch(_mla_combine_kernel, (shape.batch, groups, V_HEAD_DIM // COMBINE_DIMS), tensors(k_scale, out, lse),
                    (scale(k_scale), *scalars), constexprs, constexprs["WARPS"], 1)
     if entry is None:
         return None
@@ -4780,86 +4915,6 @@ def _combine_launch(plan, rows, groups, k_scale, out, lse):
 
 
 SERVING_LAUNCHES = {"triton_paged": _portable_launch, "hopper_paged": _hopper_launch}
-
-
-def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, plan, num_splits=None,
-                            softmax_scale=None, causal=False, k_scale=None):
-    """MLA decode attention over a paged latent cache, as FlashMLA's flash_mla_with_kvcache.
-
-    Args:
-        q: (batch, s_q, h_q, 576) bfloat16, any layout; s_q 1..8 query tokens, h_q 1..128 heads.
-        k_cache: (num_blocks, page_size, 1, 576) bfloat16, or fp8 (float8_e4m3fn; e4m3fnuz on
-            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous; its start
-            on 16 bytes, its block and row strides multiples of 16 elements.
-        block_table: (batch, max_blocks) int32: request b's token p is in block
-            block_table[b, p // page_size], row p % page_size. Entries past a request's used
-            blocks are never read.
-        cache_seqlens: (batch,) int32 tokens per request (0: nothing attended).
-        head_dim_v: 512.
-        plan: from get_mla_decode_metadata(); reuse it for calls of the same shape.
-        num_splits: None (the plan chooses).
-        softmax_scale: default 1 / sqrt(576).
-        causal: query token i attends the first cache_seqlens - s_q + i + 1 tokens (the cache
-            already holds the s_q new tokens); otherwise all cache_seqlens tokens.
-        k_scale: fp8 cache only, the dequantisation scale (value = fp8 x k_scale): a Python float,
-            or a float32 tensor of one element on q's device (read by the kernel: no sync).
-    Returns:
-        out: fresh (batch, s_q, h_q, 512) bfloat16 attention output.
-        lse: fresh (batch, h_q, s_q) float32 natural-log sum of exp(softmax_scale q.k) over the
-            attended tokens. A row with nothing attended has out 0 and lse +inf. A request whose
-            length is negative or beyond its block_table row, or whose used block ids are outside
-            the cache, comes back NaN (never read outside the cache).
-    Raises:
-        ValueError naming the argument for shapes, dtypes, devices, layouts and page sizes outside
-        the above (no GPU sync), or for a plan filled by a call of another shape.
-    """
-    signature = _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
-                                   causal, k_scale)
-    try:
-        run = False if signature is None else plan.launches.get(signature, False)
-    except TypeError:  # an argument that cannot be hashed: check_serving_inputs names it
-        run, signature = False, None
-    if run is False:
-        shape = check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
-                                     causal, k_scale)
-        if plan.shape is None:
-            _fill_plan(plan, shape, serving_route_row(shape), block_table, q.device)
-        elif plan.shape != shape:
-            raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {plan.shape}, "
-                             f"this call is {shape}: use one plan per shape")
-        run = None
-    if plan.route["route"] in AITER_SERVING_ROUTES:  # MI355X with aiter (NOTES.md h37)
-        if signature is not None:
-            plan.launches.setdefault(signature, None)
-        return aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_scale, k_scale)
-    if q.stride(3) != 1:
-        q = q.contiguous()
-    batch, s_q, h_q, _ = q.shape
-    out = torch.empty(batch, s_q, h_q, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
-    scale_ptr = k_scale.data_ptr() if isinstance(k_scale, torch.Tensor) else 0
-    misaligned = (q.data_ptr() | k_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()
-                  | scale_ptr) & 15
-    if run is not None and not misaligned and not _launch_hooks_installed():
-        # A seen signature, every pointer 16-byte aligned as when it was recorded: Triton's
-        # launcher directly, with the scalars recorded for the signature (k_scale's value where
-        # it is a float); host time: NOTES.md h36b.
-        run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse)
-        return out, lse
-    target = plan
-    if plan.route["route"] == "hopper_paged" and not tma_can_read(k_cache):
-        # TMA, and the gathered kernel's 16-byte copies, read whole blocks back to back: the
-        # portable route reads a cache whose blocks are apart
-        if plan.fallback is None:
-            plan.fallback = MlaDecodePlan()
-            _fill_plan(plan.fallback, plan.shape, serving_route_row(plan.shape, [
-                row for row in SERVING_ROUTE_TABLE if row["route"] == "triton_paged"]), block_table, q.device)
-        target = plan.fallback
-    run = SERVING_LAUNCHES[target.route["route"]](target, q, k_cache, block_table, cache_seqlens, k_scale, out, lse,
-                                                  SM_SCALE if softmax_scale is None else softmax_scale)
-    if signature is not None:  # a call checked: recorded, with its direct launch where it has one
-        plan.launches[signature] = None if misaligned else run
-    return out, lse
 
 # =============================================================================================
 # Candidate race (the first racing call of a job): an optional layer over the router
@@ -5003,7 +5058,6 @@ def race_q_format(candidate):
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitude codes 0..7; bit 3 is the sign
 
 
-
 def dequantize_mxfp4(packed, scales):
     """(n, 288) packed e2m1 bytes (even dims in the low nibble) and (n, 18) e8m0 bytes -> float32 (n, 576)."""
     packed = packed.to(torch.int32)
@@ -5107,7 +5161,6 @@ def race_judge(truth, candidate, out):
     return None if error <= bound else f"rel {error:.2g}>{bound:.2g}"  # NaN fails too
 
 
-
 def _failure(why, detail=None):
     """A candidate's result when it did not pass: a compact code and the whole reason."""
     return {"why": why, "detail": " ".join(str(detail or why).split())[:300]}
@@ -5131,7 +5184,7 @@ def race_run(candidate, data, total_kv, truth):
     return (None, _failure(why)) if why else (out, None)
 
 
-# --- the measuring process ---------------------------------------------------------------------
+# --- the measuring process -------------------------------------------------------------------
 def _events_timer(candidate, fn, repeats, flush):
     """us of each of `repeats` calls, each after a flush ("race": RACE_FLUSH_PASSES x
     RACE_FLUSH_BYTES zeroed; "runner": the runner's own randn), events around the call."""
@@ -5251,7 +5304,7 @@ def race_child_main():
         del inputs
 
 
-# --- the caller: running measuring processes, keeping the choices -------------------------------
+# --- the caller: running measuring processes, keeping the choices ----------------------------
 class RowOutcome:
     """One racing row's outcome: ranking (candidate indices to try, best first), results
     ({index: race_measure result}), note (why it was not, or not fully, measured) and the calls
