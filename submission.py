@@ -143,7 +143,7 @@ class MlaDecodePlan:
     spans: bool = False  # the Hopper kernel with the span schedule
     workspace: tuple | None = None  # (partials, partial lse, the portable kernel's tickets or the Hopper split counts)
     launches: dict = field(default_factory=dict)  # call signature -> how such a call runs (_prepare_call)
-    fallback: "MlaDecodePlan | None" = None  # the portable route's plan, for calls whose cache TMA cannot read
+    fallback: object = None  # an MlaDecodePlan: the portable route's plan, for calls whose cache TMA cannot read
     aiter: object = None  # an aiter route's AiterServingBuffers (MI355X only)
 
     def __repr__(self):
@@ -982,7 +982,7 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
         if num_splits is None:
             # the seesaw kernel's program is three warpgroups of num_warps: two compute, the loader's warp padded
             warps = params["num_warps"] * (3 if params.get("seesaw") else 1)
-            sms = SERVING_CPU_PROGRAMS if device is None or device.type == "cpu" else sm_count(device)
+            sms = 1 if device is None else sm_count(device)
             resident = sms * hopper_programs_per_sm(warps, params["num_stages"], 2 if shape.kv == "bf16" else 1,
                                                     route_rows(row))
             num_splits = max(1, params["waves"] * resident // groups)
