@@ -247,7 +247,7 @@ def _aligned_cache(field, cache):
     """A cache _mla_decode_kernel may read: it starts on 16 bytes and its blocks and rows (every
     stride but the head's and the dims') are multiples of 16 elements. Where they are not, Triton 3.6
     compiles the kernel's reads of either format with shared memory past what it allots
-    (compute-sanitizer on an H200; NOTES.md h55): such a cache is refused."""
+    (compute-sanitizer on an H200): such a cache is refused."""
     if cache.data_ptr() % 16 or any(stride % 16 for stride in cache.stride()[:-2]):
         raise ValueError(f"{field} starts at address {cache.data_ptr():#x} with strides {tuple(cache.stride())}: "
                          "the cache must start on 16 bytes, its blocks and rows a multiple of 16 elements apart")
@@ -1025,12 +1025,12 @@ def _specialisation(arg):
 def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, floats=1):
     """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the
     second call with the same key straight through the compiled kernel's own launcher
-    (compiled[grid], h22).
+    (compiled[grid]).
 
     Why: Triton's dispatcher re-derives every argument's specialisation and the cache key on each
     call; that host time is inside the runner's timing whenever the GPU waits for the launch, and
     in leaderboard mode (a new input per repeat) the cold host path costs far more than the kernel
-    on small shapes (NOTES.md, "host" rows of the Hopper route). The key holds everything the JIT
+    on small shapes. The key holds everything the JIT
     specialises on for these arguments: each tensor's dtype and 16-byte alignment (and on HIP its
     2 GiB range), each integer scalar's value (strides: divisibility and the value 1; the leading
     `floats` scalars, sm_scale and such, are floats: not specialised, not in the key), the grid,
@@ -1071,7 +1071,7 @@ def _keep_descriptor_encodings(compiled):
     wrapper around its C launch function. Replace that wrapper on this compiled kernel by one that
     passes the same arguments but keeps each descriptor's encoding on the descriptor (per kernel:
     the encoding depends on the kernel's view of it), so a descriptor reused across calls is
-    encoded once (NOTES.md h39a). Kernels without descriptors, launchers that are not the 3.6 one (the
+    encoded once. Kernels without descriptors, launchers that are not the 3.6 one (the
     wrapper's variables) and launchers wrapped here already (this wrapper has none of them) are left
     as they are."""
     run = compiled.run
@@ -1308,7 +1308,7 @@ def _query_rows(group, num_heads, q_len, ROWS: tl.constexpr, PAGE_SIZE: tl.const
     token-major order: (valid, query token, head) per row, rows past the request's masked.
     custom_kernel's rows (PAGE_SIZE 0) are its one token's ROWS = 16 heads, known at compile time:
     the divisions and masks of the general case cost the fp8 route its last registers on sm_90
-    (spills; NOTES.md h36a). Called before and after the tile loop, not kept through it."""
+    (spills). Called before and after the tile loop, not kept through it."""
     if PAGE_SIZE == 0:  # grid (batch, splits, 1)
         head = tl.arange(0, ROWS)
         row_ok, q_token = head < ROWS, 0
@@ -1399,8 +1399,8 @@ def _mla_decode_kernel(
     acc_t = tl.zeros([LATENT, ROWS], tl.float32)
     # Tiles: cache rows kv_begin + [split_begin, loop_end) (on pages kv_begin is 0: token positions).
     # Contiguous rows: a 64-bit pointer to the split's first row (caches past 2^31 bytes) and
-    # 32-bit offsets from it (a 64-bit address per tile costs the sm_90 configs spills: NOTES.md
-    # h36a); a split of 2^31 elements or more is poisoned above, never read.
+    # 32-bit offsets from it (a 64-bit address per tile costs the sm_90 configs spills); a split of
+    # 2^31 elements or more is poisoned above, never read.
     loop_end += kv_begin
     kv_split = KV + tl.cast(kv_begin + split_begin, tl.int64) * stride_kv_token
     for tile_begin in range(kv_begin + split_begin, loop_end, BLOCK_N):
@@ -1523,8 +1523,7 @@ def _dequant_mxfp4_f16(packed, scale_bytes, ref_byte, BLOCK_N: tl.constexpr, NBY
     the token's largest values) and blocks 2^30 smaller flush to 0.
     Why f16 and not bf16: the nibble -> f16 bit placement (two shifts and masks per nibble) plus
     one multiply is about a third of the integer work of building exact bf16 values with the scale
-    folded into the exponent (selects for the codes 0 and 1): NOTES.md, "Why the mxfp4 route loses
-    on the H200".
+    folded into the exponent (selects for the codes 0 and 1).
     """
     b = packed.to(tl.int32)
     lo = ((b << 9) & 0x0E00) | ((b << 12) & 0x8000)
@@ -1850,8 +1849,8 @@ def triton_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(Fa
     pages of 16 (a block id per token) and 64 (one per tile), causal masks on and off, lse
     written, 2 splits, for the cache format params["kv"] (tools/kernel_report.py adds a serving
     row's "kv" to its params). AMD targets only: there these rows serve every API case aiter
-    does not; on sm_90 every page size takes hopper_paged (h48), and these configs spill at 8
-    warps (up to 336 B: NOTES.md h38d)."""
+    does not; on sm_90 every page size takes hopper_paged, and these configs spill at 8
+    warps (up to 336 B)."""
     kv = params.get("kv", "fp8")
     launch_params = {"num_splits": 2, **{name: value for name, value in params.items() if name != "kv"}}
     entries = []
@@ -1880,14 +1879,17 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
 # NVIDIA Hopper only (H100, H200), written in Gluon, the explicit-layout dialect that ships with
 # Triton 3.6. Why a second kernel: P.V needs V^T, and V is stored token-major. tl.dot can only get
 # V^T into the MMA by converting the fp8 tile to f16 in registers through byte-wise transposed
-# shared-memory reads, which holds the portable kernel far from the byte floor (NOTES.md v2-v6).
+# shared-memory reads, which holds the portable kernel far from the byte floor.
 # Here the kernel reads each fp8 V chunk from its TMA tile straight into the register fragment of
 # V^T that the fp8 wgmma takes as its A operand (4 tokens x 4 dims per thread, the bytes repacked
 # in registers), so both products are fp8 wgmma fed by TMA and nothing is copied back to shared
-# memory (h7). Off Hopper, or where Gluon does not import, the route does not exist and its table
-# rows are skipped (each is followed by a portable row). One core (_hopper_decode), three entry
-# kernels: custom_kernel's contiguous rows, and the serving API's pages (h38), read by TMA where a
-# page holds whole tiles and gathered by cp.async where it does not (h48).
+# memory. Off Hopper, or where Gluon does not import, the route does not exist and its table
+# rows are skipped (each is followed by a portable row).
+# Kernels: the tokens-as-M kernels (tokens as the MMA's M, one tile loop, _split_tiles) for
+# custom_kernel's contiguous rows and for the serving API's pages, read by TMA where a page holds
+# whole tiles and gathered by cp.async where it does not; the seesaw kernel (query rows as M, two
+# compute warpgroups and a loader warp) for the serving API's 64+ query rows on pages of whole
+# tiles; the combine kernel, which merges the serving kernels' split requests.
 # =============================================================================================
 try:
     from triton.experimental import gluon
@@ -1947,7 +1949,7 @@ TMA_BOX_BYTES = 128  # bytes of latent dims per row of a 3D TMA box: the 128-byt
 # _DIM_BIT[warps][i]: the latent-dim bit that row bit i is; _TOKEN_BIT[k_width][i]: the token bit
 # k bit i is. The f16 product (PV_F16, k_width 2: V converted exactly from fp8 in registers, P in
 # f16) has 2 consecutive k per register: its lanes hold k bits 1-2, which are token bits 1-2 as
-# they are, so its tokens keep their order (NOTES.md h43).
+# they are, so its tokens keep their order.
 _DIM_BIT = {4: (2, 3, 4, 0, 5, 6, 1), 8: (1, 2, 3, 0, 4, 5, 6)}
 _TOKEN_BIT = {4: (0, 3, 1, 2, 4, 5), 2: (0, 1, 2, 3, 4, 5)}
 _K_BITS = {4: ((0, 1, 4, 5), (2, 3)), 2: ((0, 3, 4, 5), (1, 2))}  # k bits in (registers, lanes)
@@ -2045,7 +2047,7 @@ def _v_f16(kv_chunk, WARPS: gl.constexpr):
     to f16: read as words of the dims a thread holds (16-bit at 8 warps, 32-bit at 4), each pair
     of tokens repacked and converted by _V_F16_ASM: one prmt per two cvt, where the element-wise
     conversion compiled to one or more per cvt (and, at 8 warps, 16-bit loads where ldmatrix now
-    reads 8 rows at a time; NOTES.md h49a)."""
+    reads 8 rows at a time)."""
     WORD_DIMS: gl.constexpr = _v_word_dims(WARPS)
     WORD: gl.constexpr = gl.int16 if WORD_DIMS == 2 else gl.int32
     CHUNK: gl.constexpr = kv_chunk.shape[1]
@@ -2070,7 +2072,7 @@ def _v_ldsm(kv_chunk):
     by _DIM_BIT_LDSM, k by _TOKEN_BIT[4]) at 4 warps: read as 16-bit words (dim pairs) by ldmatrix.trans,
     which gives a thread tokens t and t + 1 of a word per register (token bit 8 in the next one), then
     one prmt per fragment register: the low bytes of the two registers are dim 2w's tokens t, t + 1,
-    t + 8, t + 9, the high bytes dim 2w + 1's (NOTES.md h53)."""
+    t + 8, t + 9, the high bytes dim 2w + 1's."""
     words = kv_chunk._reinterpret(gl.int16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.int16))
     WORDS: gl.constexpr = gl.DistributedLinearLayout([[1, 0], [8, 0], [16, 0], [32, 0], [0, 8]],
                                                      [[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
@@ -2159,8 +2161,8 @@ def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr, rows=None, row_ok=
 @_constexpr_function
 def _merge_layout(splits, dims, heads, warps):
     """(splits x dims x heads) of partials, 64 floats per thread for 128 threads: all splits in
-    each thread (the sums over splits stay in registers; spreading splits over warps cost 2x:
-    NOTES.md h9a), 64 / splits contiguous dims (at most 4: 16-byte loads; 2 at 32 splits, 1 at
+    each thread (the sums over splits stay in registers; spreading splits over warps was slower),
+    64 / splits contiguous dims (at most 4: 16-byte loads; 2 at 32 splits, 1 at
     64), lanes and warps over dims first, then heads; no element held twice."""
     per_thread = min(4, max(1, 64 // splits))
     dim_lanes = min(dims // per_thread, 8)
@@ -2251,9 +2253,9 @@ def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pr
     the paged kernel's) is one copy that lands box after box, each the (64 x 128-byte) swizzled
     tile the MMAs read, so the slot's NUM_CHUNKS chunks seen as (boxes x 64 x box dims) are the
     same bytes; the compiler puts a CTA barrier before each copy into the ring, so one copy where
-    NUM_CHUNKS were is 3 barriers fewer a tile (NOTES.md h44e). A 2D one (custom_kernel's) is a
+    NUM_CHUNKS were is 3 barriers fewer a tile. A 2D one (custom_kernel's) is a
     copy per chunk: there the one copy made the 4-request shapes (a tile or two a program)
-    slower (h44e)."""
+    slower."""
     mbarrier.expect(barrier, TILE_BYTES, pred=pred)
     if len(lat_desc.block_type.shape) == 3:
         BOXES: gl.constexpr = lat_desc.block_type.shape[0]
@@ -2342,7 +2344,7 @@ def _gather_issue(KV, stride_kv_row, BT_ROW, lat_rows, lat_read, rope_rows, rope
 def _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX: gl.constexpr):
     """Q^T in fp8 into shared memory, scaled by the program's own amax; returns that scale.
     The chunks' elementwise max comes first so that one reduction crosses the warps (each
-    cross-warp reduction costs barriers: h14), and one reciprocal replaces 72 divisions per thread."""
+    cross-warp reduction costs barriers), and one reciprocal replaces 72 divisions per thread."""
     latent_amax = gl.max(gl.maximum(gl.maximum(gl.abs(q0), gl.abs(q1)), gl.maximum(gl.abs(q2), gl.abs(q3))), 1)
     amax = gl.maximum(gl.max(gl.maximum(latent_amax, gl.max(gl.abs(qr), 1)), 0), 1e-12)
     q_inverse = FP8_MAX / amax
@@ -2370,7 +2372,7 @@ def _exchange_layout(row_layout):
 def _through_shared(values, buffer, LAYOUT: gl.constexpr):
     """values in LAYOUT by way of `buffer` (shared, values' shape) and one barrier: the row max's
     partials and the rescale factors, where gl.max across warps takes two barriers and the
-    factors' gl.convert_layout from S^T's rows to P.V's three (NOTES.md h44b)."""
+    factors' gl.convert_layout from S^T's rows to P.V's three."""
     buffer.store(values)
     gl.thread_barrier()
     return buffer.load(LAYOUT)
@@ -2381,7 +2383,7 @@ def _exchanged_max(scores, exchange):
     """The (tokens x rows) tile's max per row, in the rows' layout of scores: each warp reduces its
     16 tokens in registers and lanes, writes its partial to `exchange` (rows x 4, float32), and
     after one barrier every thread reads the 4 partials of its rows (where gl.max over the warps
-    takes two barriers: NOTES.md h44b, h44c)."""
+    takes two barriers)."""
     ROWS: gl.constexpr = scores.shape[1]
     gl.static_assert(scores.shape[0] == 64, "4 token warps of 16 tokens")
     S_ROWS: gl.constexpr = gl.SliceLayout(0, scores.type.layout)
@@ -2396,7 +2398,7 @@ def _online_softmax(scores, valid, score_scale, running_max, row_sums, CAUSAL: g
     """One tile's step of the online softmax (float32, base 2): the tile's probabilities, the
     factor that rescales the earlier terms, the new running max and the (tokens x heads) sums. The
     sums are reduced over tokens once after the loop: a per-tile reduction over tokens crosses the
-    warps (shared memory and a barrier); the max still must (h8), through `exchange` where given
+    warps (shared memory and a barrier); the max still must, through `exchange` where given
     (_exchanged_max). `valid`: (tokens x 1), or (tokens x rows) where causal rows end at different
     tokens; such a row may have no token yet (max -inf): it is shifted by 0, not by -inf."""
     scores = gl.where(valid, scores * score_scale, float("-inf"))
@@ -2623,7 +2625,7 @@ def _serving_work(CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_
     item `work` is split `split` of `request`. Returns (request, split, the request's split count,
     its first work item, split begin, split end, request length, poison); request >= batch_size
     for a work item past the last. A length < 0 or > capacity (what the request's block-table row
-    holds) is poisoned: NaN rows, nothing read (NOTES.md h38)."""
+    holds) is poisoned: NaN rows, nothing read."""
     i, raw, lengths = _batch_lengths(CACHE_SEQLENS, batch_size, capacity, BATCH_BLOCK, WARPS)
     chunk = _chunk_tokens(lengths, target_splits, min_chunk, MAX_SPLITS, BLOCK_N)
     splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(lengths, chunk), 1), 0)
@@ -2647,7 +2649,7 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     graph follows new lengths). The batch's tiles, request after request (each request counts
     cdiv(length, BLOCK_N) tiles, at least one: an empty or poisoned request still writes its
     rows), are cut into `used` spans of equal length, one per program: a program's time is its
-    share of the batch's tokens, whatever the lengths (NOTES.md h42). `used`: at most `programs`,
+    share of the batch's tokens, whatever the lengths. `used`: at most `programs`,
     each span at least min_chunk tokens' worth of tiles, and so many that no request meets more
     than MAX_SPLITS spans (its merge's widest layout). A span's part of each request it touches
     is one segment; a request's splits are the spans it meets, numbered from its first. Returns
@@ -2670,10 +2672,10 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     tile_begin = gl.sum(gl.where(before, units, 0), 0)
     # Which schedule this call takes: each one's time in tiles of its busiest program (a split
     # request costs 3/8 of a tile per pass of its merge's split-count class, a term from when the
-    # last split merged in this kernel; without it, now that _mla_combine_kernel merges, grids A-C
-    # time the same: NOTES.md h73; the spans' widest request meets at most cdiv(its tiles x used,
+    # last split merged in this kernel; without it, now that _mla_combine_kernel merges, the
+    # grids time the same; the spans' widest request meets at most cdiv(its tiles x used,
     # total) + 1 spans), the spans only when strictly shorter. Chunks (_serving_work) keep a
-    # uniform batch's requests whole or evenly cut, spans cut across requests and merge more (h42).
+    # uniform batch's requests whole or evenly cut, spans cut across requests and merge more.
     chunk_tiles = _chunk_tokens(lengths, programs, min_chunk, MAX_SPLITS, BLOCK_N) // BLOCK_N
     chunk_splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(units, chunk_tiles), 1), 0)
     items = gl.sum(chunk_splits, 0)
@@ -2706,8 +2708,7 @@ def _span_segment(CACHE_SEQLENS, program, request, tile_begin, total, used, capa
     """A segment of _span_start's schedule: this program's part of `request`, whose tiles start at
     tile_begin. Returns (split, the request's split count, its first partial slot, split begin
     and end in tokens, request length, poison, the request's end tile). A length < 0 or >
-    capacity (what the request's block-table row holds) is poisoned: NaN rows, nothing read
-    (NOTES.md h38)."""
+    capacity (what the request's block-table row holds) is poisoned: NaN rows, nothing read."""
     raw = gl.load(CACHE_SEQLENS + request)
     seq_len = _used_length(raw, capacity)
     tile_end = tile_begin + _request_tiles(seq_len, BLOCK_N)
@@ -2751,10 +2752,10 @@ def _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_
     """Call after this split's partial is stored: merges the row's splits into its output.
     COOPERATIVE_MERGE (only when the host checked that the whole grid is resident at once): every
     split waits for the row's last and then merges 1 / NUM_SPLITS of the dims, so the merge's reads
-    spread over NUM_SPLITS SMs instead of one (h6). The row's counter (second half of the tickets)
+    spread over NUM_SPLITS SMs instead of one. The row's counter (second half of the tickets)
     is never reset: each call adds NUM_SPLITS, so this call's last ticket is the next multiple of
     NUM_SPLITS above the one drawn (a power of two: the mask and the signed difference stay right
-    when the counter wraps; h12). Otherwise the last split of the row merges it all and resets the
+    when the counter wraps). Otherwise the last split of the row merges it all and resets the
     row's ticket."""
     gl.thread_barrier()  # every thread's partial stores precede the ticket's release
     SLICE: gl.constexpr = LATENT // triton.next_power_of_2(NUM_SPLITS)
@@ -3205,12 +3206,13 @@ def _mla_decode_gathered_hopper_kernel(
 
 # --- Hopper: the seesaw kernel (query rows as M) ---------------------------------------------
 # After FlashMLA's "seesaw" schedule (its deep-dive document describes it; none of its code is used)
-# in Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51), and over the bf16 cache on
-# 32-token tiles (h65): 64 query rows a program, two compute warpgroups, a tile each of every pair
-# of tiles (in step since h54: the pair's running max from both tiles' maxima), and a one-warp TMA
-# loader; the schedule, pages and partials of _hopper_decode's serving path.
-# A row's running max moves only where a tile passes it by more than this (log2 units, NOTES.md
-# h52): P <= 2^0.8, stored as 256 P <= 446 within e4m3's 448
+# in Gluon over the fp8 cache, with P.V in fp8, and over the bf16 cache on
+# 32-token tiles: 64 query rows a program, two compute warpgroups, a tile each of every pair
+# of tiles (in step: the pair's running max from both tiles' maxima), and a one-warp TMA
+# loader; the schedule, pages and partials of the tokens-as-M serving kernels.
+
+# A row's running max moves only where a tile passes it by more than this (log2 units): P <= 2^0.8,
+# stored as 256 P <= 446 within e4m3's 448
 SW_TAU = gl.constexpr(0.8)
 
 
@@ -3428,7 +3430,7 @@ def _sw_compute(smem, bars, io, sched, scales, sizes, strides, FP8_MAX: gl.const
                 WG: gl.constexpr):
     """Compute warpgroup WG (4 warps) over the program's segments. Per segment: its 32 rows of q
     (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1), both
-    warpgroups in step (NOTES.md h54): S of tile 2j + WG, its row maxima exchanged through m_smem
+    warpgroups in step: S of tile 2j + WG, its row maxima exchanged through m_smem
     on tile_max (both take the pair's running max, SW_TAU's lazy one, and its one rescale factor),
     P (in the cache's type) published on pub[WG] into p_smem[WG] (released on done[WG] by the other
     warpgroup), then P.V of both tiles for latent dims [256 WG, 256 WG + 256); ring slots are released on free
@@ -3437,7 +3439,7 @@ def _sw_compute(smem, bars, io, sched, scales, sizes, strides, FP8_MAX: gl.const
     nothing reads an unloaded slot. Row sums are kept per warpgroup and added through l_smem on
     `fin`, with a bad block id's NaN (each warpgroup checks its own tiles' ids). Barrier phases
     count pairs and segments across the program. A bf16 cache: tiles of BLOCK_N (32) tokens, q and P
-    in bf16, bf16 wgmma (NOTES.md h65)."""
+    in bf16, bf16 wgmma."""
     MMA_K: gl.constexpr = 32 if KV_FP8 else 16  # the MMA's k per instruction: 32 bytes
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, MMA_K])
@@ -3591,13 +3593,12 @@ def _mla_decode_seesaw_kernel(
     BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
     SHARED_MAX: gl.constexpr = False,
 ):
-    """The serving API's caches on pages of whole tiles with query rows as the MMA's M (NOTES.md
-    h51): grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
+    """The serving API's caches on pages of whole tiles with query rows as the MMA's M: grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
     chunks, or spans), the same partials and split counts for _mla_combine_kernel (each
     warpgroup stores its half of the dims). The parent region computes the schedule and forks:
     compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in step; for an fp8 cache S
-    and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp (_sw_loader). Shared memory:
-    STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off, NOTES.md h65):
+    and P.V in fp8 wgmma, P as 256 P in fp8) and a loader warp (_sw_loader). Shared memory:
+    STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off):
     32-token tiles, so that STAGES (4) slots of 36 KiB fit beside 72 KiB of bf16 q and 8 KiB of
     bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by the MMA."""
     gl.static_assert(not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows, 4 warps")
@@ -3740,7 +3741,7 @@ def _mla_combine_kernel(PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, KV_SCALE, OUT, LSE
     group's NUM_HEADS rows from the request's partials, where its split count (SPLIT_COUNTS, written
     by the kernel before) is above one; a request of one split was written whole by the kernel.
     Spread over the grid, a request's merge costs one memory latency per part, where the split that
-    finished last took them one after the other (NOTES.md h72)."""
+    finished last took them one after the other."""
     request = gl.program_id(0)
     group = gl.program_id(1)
     num_splits = gl.load(SPLIT_COUNTS + 2 * request + 1)
@@ -3761,7 +3762,7 @@ def hopper_boxes(dtype="fp8e4nv", latent_3d=False, tokens=64):
     """The TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: (latent box, its shared
     layout, the rope box's layout). The latent box is (64 tokens, 128 dims), one copy per chunk
     (custom_kernel's rows), or with latent_3d (boxes, 64 tokens, 128 bytes of dims: 128 fp8 or 64
-    bf16), one copy a tile, each box 128-byte swizzled (the paged kernel, NOTES.md h44e). The rope
+    bf16), one copy a tile, each box 128-byte swizzled (the paged kernel). The rope
     box is (64 tokens, 64 rope dims). `tokens`: the tile's tokens where not 64 (the bf16 seesaw's 32)."""
     element = gl.float8e4nv if dtype == "fp8e4nv" else gl.bfloat16
     if latent_3d:
@@ -3817,7 +3818,7 @@ def hopper_shared_bytes_bound(num_stages, element_bytes=1, rows=NUM_HEADS):
     """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 elements per
     slot), q (rows x 576), P^T (64 tokens x 2 bytes per row: fp8 hi and lo, f16 or bf16), the
     barriers and 24 KiB for the compiler's scratch (the span schedule's epilogue cannot reuse the
-    ring's space, which lives across its segment loop: NOTES.md h42; tests/test_kernel_report.py
+    ring's space, which lives across its segment loop; tests/test_kernel_report.py
     checks the sm_90 compile stays under it); element_bytes 2 for a bf16 cache; rows: query rows
     per program."""
     return (element_bytes * (num_stages * 64 * QK_HEAD_DIM + rows * QK_HEAD_DIM) + 2 * rows * 64
@@ -3901,7 +3902,7 @@ def _hopper_leading_signature(dtype="fp8e4nv", latent_3d=False, tokens=64):
 def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(False, True), batch=128,
                               caches=("fp8e4nv", "bf16")):
     """The serving API's Hopper kernels (sm_90 only), for page sizes (16: the gathered kernel, 64:
-    TMA; hopper_paged_kernel), causal masks on and off, an
+    TMA; serving_route's choice), causal masks on and off, an
     fp8 cache with a tensor k_scale and a bf16 one (only params["kv"]'s where given, as
     tools/kernel_report.py gives a serving row's), params' rows (16 where absent), warps and ring
     slots; a plan like the route tables'."""
@@ -3989,9 +3990,9 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
 #   aiter_a8w8_persistent   mla_decode_stage1_asm_fwd + mla_reduce_v1 called directly over a work
 #                           plan from get_mla_metadata_v1, the fp8 KV seen as pages, fp8 q
 #   aiter_a16w8_persistent  the same calls with bf16 q over the fp8 KV (aiter's a16w8 kernel)
-# and, for the serving API (AITER_SERVING_TABLE), aiter_serving_fp8 / aiter_serving_bf16 /
-# aiter_serving_a8w8_persistent over aiter's CSR form of a block table (aiter_serving_csr;
-# NOTES.md h37, h47).
+# and, for the serving API (SERVING_ROUTE_TABLE's aiter rows), aiter_serving_fp8 /
+# aiter_serving_bf16 / aiter_serving_a8w8_persistent over aiter's CSR form of a block table
+# (aiter_serving_csr).
 # aiter's API drifts (docs/runner.md, "Which aiter versions the file was checked against": the
 # runner's f3be04a12 and v0.1.20 of 2026-08-22, read, and every generation between them in the test
 # double). The rule: the compiled ops' parameter lists (stage 1, the reduce) and the metadata
@@ -4393,7 +4394,7 @@ def aiter_a16w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_
 
 
 # ---------------------------------------------------------------------------------------------
-# The serving API on aiter (NOTES.md h37). AITER_SERVING_TABLE (Serving API section) says which
+# The serving API on aiter. SERVING_ROUTE_TABLE's aiter rows say which
 # plan shapes these serve; every other shape stays on the portable Triton kernel. What they rely
 # on in aiter's source (ROCm/aiter f3be04a12 and e4048607a; docs/api.md, "What serves a call"):
 # - the 16-head q-length-1 decode kernels of gfx950 have no paged build (hsa/gfx950/mla/
@@ -4413,14 +4414,14 @@ def aiter_a16w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_
 # The persistent a8w8 path (metadata, stage 1 over the work plan, mla_reduce_v1) is served where
 # stage 1 takes an `lse` that its lse builds write for the requests whose work is one partial
 # (the reduce writes the split ones': final_lse): not at f3be04a12 (no such parameter; the reduce
-# skips groups of one partial), from ff61bb3997 on (NOTES.md h47). Not a16w8: no lse build at any
+# skips groups of one partial), from ff61bb3997 on. Not a16w8: no lse build at any
 # version.
 # ---------------------------------------------------------------------------------------------
 
 
 def aiter_capabilities(stage1_names, reduce_names):
     """What an aiter whose stage 1 and mla_reduce_v1 take these parameter names can do beyond
-    calling its functions, as far as its API tells (a frozenset of names AITER_SERVING_TABLE's
+    calling its functions, as far as its API tells (a frozenset of names SERVING_ROUTE_TABLE's
     "needs" use). All need mla_reduce_v1's num_kv_splits (ff61bb3997, 2026-06-11), the first API
     change after the kernels they rely on that this file can read; an aiter between is treated as
     without (Triton serves):
@@ -4431,7 +4432,7 @@ def aiter_capabilities(stage1_names, reduce_names):
       64 and 128 heads have lse builds (ce27de0132 2026-03-26 for 16; all three at ff61bb3997);
     - "persistent_lse_32_heads": stage 1 also takes valid_split_count (c2f68ab382, 2026-06-26):
       the 32-head one's lse build is there (9d0d5e7c77, 2026-06-22).
-    Which head counts each route serves: AITER_SERVING_TABLE's "heads" (NOTES.md h37a, h47)."""
+    Which head counts each route serves: SERVING_ROUTE_TABLE's "heads"."""
     if "num_kv_splits" not in reduce_names:
         return frozenset()
     names = {"decode_lse", "fp8_8_heads"}
@@ -4655,7 +4656,7 @@ SERVING_ROUTES = ({"triton_paged"} | ({"hopper_paged"} if HOPPER else set())  # 
 #   rel_l2_bound: the strict bound on its relative L2 error against float64 attention over the bf16
 #       cache on the runner's randn data (eval.py --strict, the GPU tests). fp8 q with the fp8
 #       cache is the reference's own arithmetic: 0.06 sits above its error at every shape; bf16 q
-#       with the fp8 cache errs less (0.05); the mxfp4 format alone costs 6-15% (0.2) (NOTES.md h28);
+#       with the fp8 cache errs less (0.05); the mxfp4 format alone costs 6-15% (0.2);
 #   kernel_params: the parameters that pick the compiled kernel (the race does not start a
 #       candidate again in a later row when a candidate with the same route and these values
 #       died, hung or raised; aiter's kernels are chosen by dtypes, so only the page size counts);
@@ -4878,7 +4879,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     return run
 
 
-COMBINE_DIMS = 32  # latent dims per program of _mla_combine_kernel: one pass of its merge at 16 rows (h72)
+COMBINE_DIMS = 32  # latent dims per program of _mla_combine_kernel: one pass of its merge at 16 rows
 
 
 def _combine_constexprs(rows, kv_scale_in_tensor):
