@@ -3593,8 +3593,8 @@ def _mla_decode_seesaw_kernel(
     BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
     SHARED_MAX: gl.constexpr = False,
 ):
-    """The serving API's caches on pages of whole tiles with query rows as the MMA's M: grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
-    chunks, or spans), the same partials and split counts for _mla_combine_kernel (each
+    """The serving API's caches on pages of whole tiles with query rows as the MMA's M: grid and
+    schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x chunks, or spans), the same partials and split counts for _mla_combine_kernel (each
     warpgroup stores its half of the dims). The parent region computes the schedule and forks:
     compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in step; for an fp8 cache S
     and P.V in fp8 wgmma, P as 256 P in fp8) and a loader warp (_sw_loader). Shared memory:
