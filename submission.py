@@ -3594,13 +3594,14 @@ def _mla_decode_seesaw_kernel(
     SHARED_MAX: gl.constexpr = False,
 ):
     """The serving API's caches on pages of whole tiles with query rows as the MMA's M: grid and
-    schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x chunks, or spans), the same partials and split counts for _mla_combine_kernel (each
-    warpgroup stores its half of the dims). The parent region computes the schedule and forks:
-    compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in step; for an fp8 cache S
-    and P.V in fp8 wgmma, P as 256 P in fp8) and a loader warp (_sw_loader). Shared memory:
-    STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off):
-    32-token tiles, so that STAGES (4) slots of 36 KiB fit beside 72 KiB of bf16 q and 8 KiB of
-    bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by the MMA."""
+    schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x chunks, or spans),
+    the same partials and split counts for _mla_combine_kernel (each warpgroup stores its half of
+    the dims). The parent region computes the schedule and forks: compute warpgroups 0 and 1
+    (_sw_compute: a tile each of every pair, in step; for an fp8 cache S and P.V in fp8 wgmma, P as
+    256 P in fp8) and a loader warp (_sw_loader). Shared memory: STAGES x 36 KiB of ring, 36 KiB of
+    q, 8 KiB of P. A bf16 cache (KV_FP8 off): 32-token tiles, so that STAGES (4) slots of 36 KiB fit
+    beside 72 KiB of bf16 q and 8 KiB of bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by
+    the MMA."""
     gl.static_assert(not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows, 4 warps")
     gl.static_assert(BLOCK_N == (64 if KV_FP8 else 32) and PAGE_SIZE % BLOCK_N == 0,
                      "tiles of 64 (fp8) or 32 (bf16) tokens of one page")
