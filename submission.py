@@ -968,7 +968,7 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
                 or (route == "hopper_paged" and not tma_readable)):
             continue
         if route in AITER_SERVING_ROUTES:
-            return ServingRoute(row, None, 0, False)
+            return ServingRoute(row, kernel=None, num_splits=0, spans=False)
         groups = triton.cdiv(shape.s_q * shape.h_q, route_rows(row))
         if route == "triton_paged":
             programs = SERVING_CPU_PROGRAMS if device is None or device.type == "cpu" else 2 * sm_count(device)
@@ -3017,9 +3017,8 @@ def _mla_decode_fp8_hopper_kernel(
     row far outside it loops over no tiles. Every global read the prologue needs is issued before
     any of them is used: the scale, q and the indptrs; the first TMA issue waits for the indptrs
     only (one memory latency)."""
-    S_MMA: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, True, False)[0]
-    O_MMA: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, True, False)[1]
-    ROWS: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, True, False)[2]
+    LAYOUTS: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, kv_fp8=True, pv_f16=False)
+    ROWS: gl.constexpr = LAYOUTS[2]
     batch = gl.program_id(0)
     split = gl.program_id(1)
     kv_scale = gl.load(KV_SCALE)
@@ -3036,8 +3035,8 @@ def _mla_decode_fp8_hopper_kernel(
     q_latent, q_rope, pt_smem = q_and_p
     acc, running_max, row_sums, _ = _split_tiles(
         (lat_desc, rope_desc), ring, (q_latent, q_rope, pt_smem, None, None), q, kv_scale, sm_scale_log2,
-        (kv_begin, kv_end, num_tiles, 0), (0, kv_rows, 0), None, FP8_MAX, STAGES, WARPS, 0, False, NUM_HEADS, BLOCK_N,
-        True, (S_MMA, O_MMA))
+        split=(kv_begin, kv_end, num_tiles, 0), pages=(0, kv_rows, 0), rows=None, FP8_MAX=FP8_MAX, STAGES=STAGES,
+        WARPS=WARPS, PAGE_SIZE=0, CAUSAL=False, NUM_HEADS=NUM_HEADS, BLOCK_N=BLOCK_N, KV_FP8=True, LAYOUTS=LAYOUTS)
     _release_ring(ring, STAGES)
 
     # Epilogue: the output row, or this split's partial and then the row's merge.
@@ -3070,8 +3069,11 @@ def _serve_segment(cache, ring, staging, io, work, rows, sizes, strides, kv_scal
     stride_q_batch, stride_q_token, stride_q_head = q_strides
     ROWS: gl.constexpr = LAYOUTS[2]
     row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
-    q = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE,
-                q_token * stride_q_token + head * stride_q_head, row_ok & live)
+    q_request = Q + request.to(gl.int64) * stride_q_batch
+    q_rows = q_token * stride_q_token + head * stride_q_head
+    q_ok = row_ok & live
+    q = _load_q(q_request, row=0, stride_q_token=0, ROWS=ROWS, NUM_HEADS=NUM_HEADS, CHUNK=CHUNK, LATENT=LATENT,
+                ROPE=ROPE, rows=q_rows, row_ok=q_ok)
     num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
     acc, running_max, row_sums, bad_blocks = _split_tiles(
         cache, ring, staging, q, kv_scale, sm_scale_log2, (kv_begin, kv_end, num_tiles, consumed),
@@ -3647,8 +3649,8 @@ def _mla_decode_seesaw_kernel(
     mbarrier.init(staged, count=2)
     # Triton 3.6 reads the descriptors' metadata from the parent region and crashes where they
     # have no use there: one copy that never runs
-    _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(0), 0, 0, False,
-               BLOCK_N * 576 * (KV_DTYPE.primitive_bitwidth // 8), 4, 128, 512)
+    _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(0), slot=0, token=0, pred=False,
+               TILE_BYTES=BLOCK_N * 576 * (KV_DTYPE.primitive_bitwidth // 8), NUM_CHUNKS=4, CHUNK=128, LATENT=512)
     gl.thread_barrier()
     smem = (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem)
     bars = (loaded, free, tile_max, pub, done, fin, staged)
