@@ -4,19 +4,20 @@
 amd-mixed-mla leaderboard's entry point and an interface for inference engines shaped like
 FlashMLA's, over one core.
 
-Entry points
+Sections, in order (each under a banner; none refers at import time to a later one):
+  constants; entry points; input checks; custom_kernel's route (the route tables, data that
+  tune.py rewrites, and the router); the serving API's route (SERVING_ROUTE_TABLE, serving_route);
+  host machinery (launch, caches); Triton kernels and their routes (portable); the Hopper route
+  (Gluon: shared helpers, the schedule, the tokens-as-M kernels, the seesaw kernel, the combine
+  kernel, host side); aiter routes (MI355X); route registry; the serving API's plan and launches;
+  candidate race (measures a racing row's candidates once per job).
+
+Both entry points
   custom_kernel(data)            the leaderboard's call: contiguous KV rows (bf16, fp8, mxfp4), 16
                                  heads, one query token; routed by the active route table
   get_mla_decode_metadata(),     the serving API: a paged bf16 or fp8 cache, 1-128 heads, 1-8
   mla_decode_with_kvcache(...)   query tokens (causal), out and lse, CUDA-graph safe; routed by
                                  SERVING_ROUTE_TABLE (serving_route)
-
-Sections, in order (none refers at import time to a later one)
-  constants; entry points; input checks; custom_kernel's route (the route tables, data rewritten
-  by tune.py, and the router); the serving API's route; host machinery (launch, caches); portable
-  Triton kernels; Hopper Gluon kernels (shared helpers, the schedule, the tokens-as-M kernels, the
-  seesaw kernel, the combine kernel, host side); aiter routes; route registry; the serving API's
-  plan and launches; candidate race (measures a racing row's candidates once per job).
 
 Kernels, and the cases each serves
   _mla_decode_kernel                  portable Triton (any GPU; the CPU under TRITON_INTERPRET=1):
@@ -24,13 +25,13 @@ Kernels, and the cases each serves
                                       other row takes (another GPU, a cache TMA cannot read)
   _mla_decode_mxfp4_kernel            portable Triton: custom_kernel's mxfp4 rows
   _mla_decode_fp8_hopper_kernel       Hopper: custom_kernel's fp8 rows, tokens as the MMA's M, TMA
-  _mla_decode_paged_hopper_kernel     Hopper: serving pages of 64 or 128 tokens, tokens as M (fp8
-                                      below 64 query rows, bf16 below 64 rows)
+  _mla_decode_paged_hopper_kernel     Hopper: serving pages of 64 or 128 tokens below 64 query rows,
+                                      tokens as M, TMA
   _mla_decode_gathered_hopper_kernel  Hopper: serving pages of 1-32 tokens, rows gathered by cp.async
   _mla_decode_seesaw_kernel           Hopper: serving pages of 64 or 128 tokens with 64+ query rows,
                                       query rows as M, two compute warpgroups and a loader warp
   _mla_combine_kernel                 Hopper: the serving kernels' split requests merged
-  aiter routes                        MI355X: aiter's decode kernels, both entry points
+  aiter's kernels                     MI355X: both entry points, where aiter serves the case
 """
 import functools
 import hashlib
@@ -2080,7 +2081,7 @@ def _v_ldsm(kv_chunk):
     low, high = gl.inline_asm_elementwise("prmt.b32 $0, $2, $3, 0x6420; prmt.b32 $1, $2, $3, 0x7531;",
                                           "=r,=r,r,r", [words.load(WORDS)], (gl.int8, gl.int8), True, 4)
     v = gl.reshape(gl.join(low, high), [64, 128]).to(gl.float8e4nv, bitcast=True)  # (token, 2 word + byte)
-    return gl.reshape(gl.permute(gl.reshape(v, [2] * 13), _v_operand_order(4, 4, True).value), [128, 64])
+    return gl.reshape(gl.permute(gl.reshape(v, [2] * 13), _v_operand_order(4, k_width=4, v_ldsm=True).value), [128, 64])
 
 
 @gluon.jit
@@ -3355,7 +3356,8 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG:
     NaN)."""
     BLOCK_N: gl.constexpr = kv_latent.shape[1]
     if real & (kv_begin + (tile + 1) * BLOCK_N > kv_end):
-        _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * BLOCK_N, 2, BLOCK_N, 128, 4)
+        _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * BLOCK_N, NUM_CHUNKS=2, BLOCK_N=BLOCK_N,
+                   CHUNK=128, WARPS=4)
         fence_async_shared()
         gl.thread_barrier()
     first = slot * 4 + 2 * WG
@@ -3364,8 +3366,10 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG:
         acc0 = warpgroup_mma(kv_latent.index(first).permute((1, 0)), p_t, acc0, is_async=True)
         acc1 = warpgroup_mma(kv_latent.index(first + 1).permute((1, 0)), p_t, acc1, is_async=True)
     else:
-        acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, None, 4, O_MMA, 128, 4, True)
-        acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, None, 4, O_MMA, 128, 4, True)
+        acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, correction2=None, WARPS=4, O_MMA=O_MMA, CHUNK=128,
+                         K_WIDTH=4, V_LDSM=True)
+        acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, correction2=None, WARPS=4, O_MMA=O_MMA, CHUNK=128,
+                         K_WIDTH=4, V_LDSM=True)
     return warpgroup_mma_wait(0, deps=(acc0, acc1))
 
 
@@ -3383,9 +3387,9 @@ def _sw_store(acc, m_run, l_s, l_o, kv_scale, poison, outs, work, rows, slots, o
     group, num_heads, q_len = rows
     stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
     if KV_FP8:
-        OUT_L: gl.constexpr = _output_layout(4, 64, False)
-        o0 = gl.convert_layout(_rows_to_dims(acc0, 4, True), OUT_L)
-        o1 = gl.convert_layout(_rows_to_dims(acc1, 4, True), OUT_L)
+        OUT_L: gl.constexpr = _output_layout(4, rows=64, pairs=False)
+        o0 = gl.convert_layout(_rows_to_dims(acc0, WARPS=4, V_LDSM=True), OUT_L)
+        o1 = gl.convert_layout(_rows_to_dims(acc1, WARPS=4, V_LDSM=True), OUT_L)
     else:
         o0 = acc0
         o1 = acc1
@@ -4005,6 +4009,7 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
 # aiter's API says a kernel writes it), the metadata calls get theirs by the names read. Anything this file
 # cannot call correctly turns the aiter routes off (one warning line, Triton routes).
 # =============================================================================================
+
 # Values this file fills, by parameter name, in the newest known order. OPTIONAL names may be
 # absent from an older aiter; every other name must be there.
 STAGE1_PARAMETERS = (
@@ -4316,7 +4321,7 @@ def aiter_bf16_route(q, kv_data, qo_indptr, kv_indptr, config):
     """bf16 q over the bf16 cache through mla_decode_fwd, page size 1; aiter picks the splits."""
     kv = _contiguous_kv("aiter_bf16", 'kv_data["bf16"]', kv_data["bf16"])
     batch, total_kv = qo_indptr.shape[0] - 1, kv.shape[0]
-    tables = page_tables(batch, total_kv, None, 1, q.device)
+    tables = page_tables(batch, total_kv, kv_seq_len=None, page_size=1, device=q.device)
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     mla_decode_fwd(q, kv.view(total_kv, 1, NUM_KV_HEADS, QK_HEAD_DIM), out, qo_indptr, kv_indptr,
                    tables.kv_page_ids, tables.kv_last_page_lens, config["q_seq_len"],
@@ -4330,7 +4335,7 @@ def aiter_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, q_scale="tensor"):
     kv, kv_scale = kv_data["fp8"]
     kv = _contiguous_kv("aiter_fp8", 'kv_data["fp8"]', kv)
     batch, total_kv = qo_indptr.shape[0] - 1, kv.shape[0]
-    tables = page_tables(batch, total_kv, None, 1, q.device)
+    tables = page_tables(batch, total_kv, kv_seq_len=None, page_size=1, device=q.device)
     q_fp8, q_scale_tensor = quantize_q_fp8(q, kv.dtype, q_scale)
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     mla_decode_fwd(q_fp8, kv.view(total_kv, 1, NUM_KV_HEADS, QK_HEAD_DIM), out, qo_indptr,
