@@ -1,31 +1,37 @@
 #!POPCORN leaderboard amd-mixed-mla
 #!POPCORN gpu MI355X
-"""DeepSeek-R1 MLA decode (forward-absorb): the amd-mixed-mla leaderboard's entry point and an
-interface for inference engines shaped like FlashMLA's, over one core.
+"""DeepSeek-R1 MLA decode (forward-absorb, 576 = 512 latent + 64 rope dims, one KV head): the
+amd-mixed-mla leaderboard's entry point and an interface for inference engines shaped like
+FlashMLA's, over one core.
 
-Two entry points:
-  custom_kernel(data)  the leaderboard's convention (contiguous KV rows from kv_indptr, 16 heads,
-      one query token). It checks the input, picks one row of the active route table for the
-      call's (batch, kv_len) and runs that row's route. Where aiter imports and its API is one this
-      file knows, the aiter table is active; elsewhere (NVIDIA, ROCm without aiter, CPU under
-      TRITON_INTERPRET=1) the Triton table is, after one warning line on stderr.
-  get_mla_decode_metadata() / mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, 512,
-      plan, ...)  a paged cache (bf16, or fp8 with k_scale), 1-128 heads, 1-8 query tokens with a
-      causal mask, out and lse, CUDA-graph safe; SERVING_ROUTE_TABLE says which route serves a plan
-      (AITER_SERVING_TABLE first where aiter loaded: aiter's decode for the cases it serves).
-The shared core: _mla_decode_kernel (one Triton kernel, generalised by constexprs: contiguous rows
-or a page size, rows per program, causal, cache dtype), decode_launch_args (its argument list for
-both entry points) and launch (the direct launch path); on Hopper, _hopper_decode (Gluon: contiguous
-rows for custom_kernel's fp8 rows, or pages of 64-128 tokens with a token-balanced schedule for
-the API's fp8 caches).
+Sections, in order (each under a banner; none refers at import time to a later one):
+  constants; entry points; input checks; custom_kernel's route (the route tables, data that
+  tune.py rewrites, and the router); the serving API's route (SERVING_ROUTE_TABLE, serving_route);
+  host machinery (launch, caches); Triton kernels and their routes (portable); the Hopper route
+  (Gluon: shared helpers, the schedule, the tokens-as-M kernels, the seesaw kernel, the combine
+  kernel, host side); aiter routes (MI355X); route registry; the serving API's plan and launches;
+  candidate race (measures a racing row's candidates once per job).
 
-Sections, in reading order (each opened by a banner; none refers at import time to a later one):
-  constants; input checks; host machinery (launch, caches, workspaces); Triton kernels and their
-  routes (portable); the Hopper route (Gluon, sm_90); aiter routes (MI355X); route registry
-  (ROUTES, ROUTE_INFO, labels); route tables (data, rewritten by tune.py); router and
-  custom_kernel; serving API; candidate race (an optional layer over the router: measures a row's
-  candidates once per job in a separate process and keeps the fastest right one).
-Measurements behind the choices are in NOTES.md under the ids cited.
+Both entry points
+  custom_kernel(data)            the leaderboard's call: contiguous KV rows (bf16, fp8, mxfp4), 16
+                                 heads, one query token; routed by the active route table
+  get_mla_decode_metadata(),     the serving API: a paged bf16 or fp8 cache, 1-128 heads, 1-8
+  mla_decode_with_kvcache(...)   query tokens (causal), out and lse, CUDA-graph safe; routed by
+                                 SERVING_ROUTE_TABLE (serving_route)
+
+Kernels, and the cases each serves
+  _mla_decode_kernel                  portable Triton (any GPU; the CPU under TRITON_INTERPRET=1):
+                                      custom_kernel's fp8 rows off Hopper, every serving case no
+                                      other row takes (another GPU, a cache TMA cannot read)
+  _mla_decode_mxfp4_kernel            portable Triton: custom_kernel's mxfp4 rows
+  _mla_decode_fp8_hopper_kernel       Hopper: custom_kernel's fp8 rows, tokens as the MMA's M, TMA
+  _mla_decode_paged_hopper_kernel     Hopper: serving pages of 64 or 128 tokens below 64 query rows,
+                                      tokens as M, TMA
+  _mla_decode_gathered_hopper_kernel  Hopper: serving pages of 1-32 tokens, rows gathered by cp.async
+  _mla_decode_seesaw_kernel           Hopper: serving pages of 64 or 128 tokens with 64+ query rows,
+                                      query rows as M, two compute warpgroups and a loader warp
+  _mla_combine_kernel                 Hopper: the serving kernels' split requests merged
+  aiter's kernels                     MI355X: both entry points, where aiter serves the case
 """
 import functools
 import hashlib
@@ -41,11 +47,11 @@ import subprocess
 import sys
 import tempfile
 import time
-
+from dataclasses import dataclass, field
+from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-
 from task import input_t, output_t
 
 # =============================================================================================
@@ -56,6 +62,8 @@ NUM_KV_HEADS = 1  # MLA: every query head reads the same latent row
 QK_HEAD_DIM = 576  # keys use all 576 dims: 512 latent + 64 rope
 V_HEAD_DIM = 512  # values are the first 512 dims of the same latent row
 ROPE_DIM = QK_HEAD_DIM - V_HEAD_DIM
+LATENT = tl.constexpr(V_HEAD_DIM)  # the two, as the kernels read them
+ROPE = tl.constexpr(ROPE_DIM)
 SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)  # the problem's softmax scale; check_inputs holds config to it
 LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2: scores are scaled by sm_scale * log2(e)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)  # gfx950 / NVIDIA, gfx942
@@ -67,6 +75,148 @@ CONFIG_KEYS = frozenset({"batch_size", "q_seq_len", "kv_seq_len", "sm_scale"})  
 KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 # bytes a route reads per KV token in each format (mxfp4: 288 packed bytes + 18 scale bytes)
 KV_BYTES_PER_TOKEN = {"bf16": 2 * QK_HEAD_DIM, "fp8": QK_HEAD_DIM, "mxfp4": MXFP4_ROW_BYTES + MXFP4_SCALES_PER_ROW}
+
+
+# =============================================================================================
+# Entry points: custom_kernel (the leaderboard's) and the serving API (FlashMLA's shape)
+# Each reads check -> plan -> launch. What they call is defined further down: the input checks,
+# the route choice (the route tables, and serving_route for the serving API), then the kernels.
+# =============================================================================================
+
+
+def custom_kernel(data: input_t) -> output_t:
+    """MLA decode attention for one batch of query rows.
+
+    Args:
+        data: (q, kv_data, qo_indptr, kv_indptr, config) as the leaderboard's generate_input makes it:
+            q (batch, 16, 576) bf16; kv_data {"bf16": (total_kv, 1, 576) bf16, "fp8": (data, scale),
+            "mxfp4": (data, block scales)}; qo_indptr, kv_indptr (batch + 1,) int32; config with
+            batch_size, q_seq_len (1), kv_seq_len and sm_scale (1 / sqrt(576)). Every tensor on one
+            device; q in any layout; each KV tensor with a contiguous last dimension.
+    Returns:
+        A fresh (batch, 16, 512) bf16 tensor: softmax(sm_scale * q k^T) v over each batch row's KV
+        rows, as read by the route that the active table picks for (batch, kv_len).
+    Raises:
+        ValueError naming the field when a shape, dtype, device, layout or config entry is off
+        (no GPU sync).
+    """
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    q, qo_indptr, kv_indptr, batch, total_kv = check_inputs(q, kv_data, qo_indptr, kv_indptr, config)
+    data = (q, kv_data, qo_indptr, kv_indptr, config)
+    key, selection = _selection(batch, total_kv // batch, declares_uniform_kv(batch, total_kv, config))
+    if selection.racing:
+        return race_call(key, selection, data, batch, total_kv)
+    return _run(selection.candidate, data, total_kv, selection.label)
+
+
+class PlanShape(NamedTuple):
+    """What a serving plan is filled for: a call's batch, query tokens, heads, page size, cache
+    format ("bf16" or "fp8") and causal flag."""
+    batch: int
+    s_q: int
+    h_q: int
+    page_size: int
+    kv: str
+    causal: bool
+
+
+@dataclass(eq=False)
+class MlaDecodePlan:
+    """What get_mla_decode_metadata returns. Empty until the first mla_decode_with_kvcache call
+    that uses it; that call fixes its shape, chooses the route (serving_route), the kernel and the
+    split count, and allocates the split workspace. Reuse it for every call (and layer) of that
+    shape: the split bounds are computed by the kernel from cache_seqlens on the GPU, so new
+    lengths and block-table contents need no new plan, eagerly or in a replayed CUDA graph. Calls
+    that share a plan must run in order on one GPU queue, as an engine's layers do.
+
+    num_splits: None (the first call chooses); set it to a count before the first call to fix it.
+    The portable route cuts every request into num_splits equal splits (by default enough programs
+    to fill the GPU twice, no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's
+    capacity); the Hopper route cuts the batch's tokens into about num_splits chunks (by default
+    one per program slot of the GPU), each request into its share of them, or (rows with "spans")
+    gives each program an equal span of the batch's tiles across requests, whichever is shorter
+    for the call's lengths."""
+
+    num_splits: int | None = None
+    shape: PlanShape | None = None  # once filled
+    route: dict | None = None  # the SERVING_ROUTE_TABLE row serving the plan
+    kernel: object = None  # the kernel it launches (None: the row's aiter route)
+    spans: bool = False  # the Hopper kernel with the span schedule
+    workspace: tuple | None = None  # (partials, partial lse, the portable kernel's tickets or the Hopper split counts)
+    launches: dict = field(default_factory=dict)  # call signature -> how such a call runs (_prepare_call)
+    fallback: object = None  # an MlaDecodePlan: the portable route's plan, for calls whose cache TMA cannot read
+    aiter: object = None  # an aiter route's AiterServingBuffers (MI355X only)
+
+    def __repr__(self):
+        if self.shape is None:
+            return "MlaDecodePlan(empty)"
+        fields = ", ".join(f"{name}={value}" for name, value in self.shape._asdict().items())
+        return f"MlaDecodePlan({fields}, num_splits={self.num_splits}, route={self.route['route']})"
+
+
+def get_mla_decode_metadata(*args, **kwargs) -> tuple[MlaDecodePlan, None]:
+    """An empty plan for mla_decode_with_kvcache, as FlashMLA's get_mla_metadata returns one.
+
+    Args:
+        Anything: FlashMLA's callers pass (cache_seqlens, s_q * h_q, 1) or nothing; the plan
+        fills itself on its first use, so the arguments are not needed and not read.
+    Returns:
+        (plan, None): an MlaDecodePlan, and None where FlashMLA returns its split counts.
+    """
+    del args, kwargs
+    return MlaDecodePlan(), None
+
+
+def mla_decode_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                            cache_seqlens: torch.Tensor, head_dim_v: int, plan: MlaDecodePlan,
+                            num_splits: int | None = None, softmax_scale: float | None = None, causal: bool = False,
+                            k_scale: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode attention over a paged latent cache, as FlashMLA's flash_mla_with_kvcache.
+
+    Args:
+        q: (batch, s_q, h_q, 576) bfloat16, any layout; s_q 1..8 query tokens, h_q 1..128 heads.
+        k_cache: (num_blocks, page_size, 1, 576) bfloat16, or fp8 (float8_e4m3fn; e4m3fnuz on
+            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous; its start
+            on 16 bytes, its block and row strides multiples of 16 elements.
+        block_table: (batch, max_blocks) int32: request b's token p is in block
+            block_table[b, p // page_size], row p % page_size. Entries past a request's used
+            blocks are never read.
+        cache_seqlens: (batch,) int32 tokens per request (0: nothing attended).
+        head_dim_v: 512.
+        plan: from get_mla_decode_metadata(); reuse it for calls of the same shape.
+        num_splits: None (the plan chooses).
+        softmax_scale: default 1 / sqrt(576).
+        causal: query token i attends the first cache_seqlens - s_q + i + 1 tokens (the cache
+            already holds the s_q new tokens); otherwise all cache_seqlens tokens.
+        k_scale: fp8 cache only, the dequantisation scale (value = fp8 x k_scale): a Python float,
+            or a float32 tensor of one element on q's device (read by the kernel: no sync).
+    Returns:
+        out: fresh (batch, s_q, h_q, 512) bfloat16 attention output.
+        lse: fresh (batch, h_q, s_q) float32 natural-log sum of exp(softmax_scale q.k) over the
+            attended tokens. A row with nothing attended has out 0 and lse +inf. A request whose
+            length is negative or beyond its block_table row, or whose used block ids are outside
+            the cache, comes back NaN (never read outside the cache).
+    Raises:
+        ValueError naming the argument for shapes, dtypes, devices, layouts and page sizes outside
+        the above (no GPU sync), or for a plan filled by a call of another shape.
+    """
+    # check: a call whose signature (shapes, strides, dtypes, devices, arguments) the plan has seen
+    # was checked then, and pays attribute reads only
+    signature = _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
+                                   causal, k_scale)
+    try:
+        run = None if signature is None else plan.launches.get(signature)
+    except TypeError:  # an argument that cannot be hashed: check_serving_inputs names it
+        run = signature = None
+    if run is None:  # check, then the plan (filled by the first call) and how this signature runs
+        shape = check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
+                                     causal, k_scale)
+        run = _prepare_call(plan, shape, q, k_cache, block_table, softmax_scale)
+        if signature is not None:
+            plan.launches[signature] = run
+    # launch
+    return run(q, k_cache, block_table, cache_seqlens, k_scale)
+
 
 # =============================================================================================
 # Input checks: shapes, dtypes, devices, layouts and config (attribute reads, never a GPU->host sync)
@@ -98,7 +248,7 @@ def _aligned_cache(field, cache):
     """A cache _mla_decode_kernel may read: it starts on 16 bytes and its blocks and rows (every
     stride but the head's and the dims') are multiples of 16 elements. Where they are not, Triton 3.6
     compiles the kernel's reads of either format with shared memory past what it allots
-    (compute-sanitizer on an H200; NOTES.md h55): such a cache is refused."""
+    (compute-sanitizer on an H200): such a cache is refused."""
     if cache.data_ptr() % 16 or any(stride % 16 for stride in cache.stride()[:-2]):
         raise ValueError(f"{field} starts at address {cache.data_ptr():#x} with strides {tuple(cache.stride())}: "
                          "the cache must start on 16 bytes, its blocks and rows a multiple of 16 elements apart")
@@ -227,6 +377,621 @@ def declares_uniform_kv(batch, total_kv, config):
     What depends on it: the aiter routes' cached work plans, paged rows, and whether a row races."""
     return total_kv == batch * config["kv_seq_len"]
 
+
+def _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
+                       k_scale):
+    """Everything check_serving_inputs looks at, as a tuple (attribute reads only; hashable unless
+    an argument is not); None when an argument is not what it must be (check_serving_inputs then
+    says which)."""
+    try:
+        # devices as get_device() ints (-1: the CPU): cheaper to make and to hash than torch.device
+        scale = (("tensor", k_scale.dtype, tuple(k_scale.shape), k_scale.get_device())
+                 if isinstance(k_scale, torch.Tensor) else type(k_scale))
+        signature = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
+                     k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
+                     block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
+                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale,
+                     k_cache.data_ptr() % 16 == 0)
+        if IS_HIP:  # HIP's JIT also specialises each tensor on its storage fitting 2 GiB (_specialisation)
+            signature += tuple(t.untyped_storage().nbytes() <= HIP_RANGE32_BYTES
+                               for t in (q, k_cache, block_table, cache_seqlens, k_scale)
+                               if isinstance(t, torch.Tensor))
+        return signature
+    except (AttributeError, TypeError):
+        return None
+
+
+def _check_tensor(field, x, dtype_ok, dims, device=None):
+    if not isinstance(x, torch.Tensor) or x.dim() != dims or not dtype_ok(x.dtype):
+        raise ValueError(f"{field}: expected a {dims}-D tensor of the documented dtype, got {_describe(x)}")
+    if device is not None:
+        _same_device(field, x, device)
+
+
+def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
+                         k_scale):
+    """Validate a serving call without reading tensor contents (no GPU sync); return the plan
+    shape (batch, s_q, h_q, page_size, cache format, causal). Raises ValueError naming the
+    argument. Contents are the kernel's to check: lengths, block ids (their rows come back NaN)."""
+    _check_tensor("q", q, lambda d: d == torch.bfloat16, 4)
+    batch, s_q, h_q, dims = q.shape
+    if dims != QK_HEAD_DIM:
+        raise ValueError(f"q must be (batch, s_q, h_q, {QK_HEAD_DIM}), got shape {tuple(q.shape)}")
+    if batch < 1:
+        raise ValueError(f"q has batch {batch}: at least one request is needed")
+    if not 1 <= s_q <= SERVING_MAX_Q_LEN:
+        raise ValueError(f"q has s_q {s_q} query tokens per request: 1 to {SERVING_MAX_Q_LEN} are served")
+    if not 1 <= h_q <= SERVING_MAX_HEADS:
+        raise ValueError(f"q has h_q {h_q} heads: 1 to {SERVING_MAX_HEADS} are served")
+    _check_tensor("k_cache", k_cache, lambda d: d == torch.bfloat16 or d in FP8_DTYPES, 4, q.device)
+    num_blocks, page_size, kv_heads, kv_dims = k_cache.shape
+    if kv_heads != NUM_KV_HEADS:
+        raise ValueError(f"k_cache has {kv_heads} KV heads (dimension 2 of {tuple(k_cache.shape)}): MLA has one "
+                         "latent KV head")
+    if kv_dims != QK_HEAD_DIM:
+        raise ValueError(f"k_cache must be (num_blocks, page_size, 1, {QK_HEAD_DIM}), got {tuple(k_cache.shape)}")
+    if page_size not in SERVING_PAGE_SIZES:
+        raise ValueError(f"k_cache has page_size {page_size}: the served page sizes are {SERVING_PAGE_SIZES}")
+    if num_blocks < 1:
+        raise ValueError("k_cache has 0 blocks")
+    _unit_last_stride("k_cache", k_cache)
+    _aligned_cache("k_cache", k_cache)
+    if k_cache.dtype == torch.float8_e4m3fnuz and k_cache.is_cuda and not IS_HIP:
+        raise ValueError("k_cache is float8_e4m3fnuz (AMD gfx942's fp8): NVIDIA GPUs read float8_e4m3fn")
+    _check_tensor("block_table", block_table, lambda d: d == torch.int32, 2, q.device)
+    if block_table.shape[0] != batch or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must be (batch = {batch}, max_blocks >= 1) int32, got "
+                         f"{tuple(block_table.shape)}")
+    _unit_last_stride("block_table", block_table)  # a request's row is read as consecutive entries
+    _check_tensor("cache_seqlens", cache_seqlens, lambda d: d == torch.int32, 1, q.device)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens must be (batch = {batch},) int32, got {tuple(cache_seqlens.shape)}")
+    _unit_last_stride("cache_seqlens", cache_seqlens)
+    if head_dim_v != V_HEAD_DIM:
+        raise ValueError(f"head_dim_v is {head_dim_v!r}: MLA's values are the first {V_HEAD_DIM} latent dims")
+    if num_splits is not None:
+        raise ValueError(f"num_splits is {num_splits!r}: pass None (the plan chooses the splits; set "
+                         "plan.num_splits before its first call to fix them)")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+                                      or not 0 < softmax_scale < float("inf")):
+        raise ValueError(f"softmax_scale is {softmax_scale!r}: a positive finite number, or None for 1/sqrt(576)")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal is {causal!r}: True or False")
+    fp8 = k_cache.dtype in FP8_DTYPES
+    if not fp8 and k_scale is not None:
+        raise ValueError("k_scale is given for a bfloat16 k_cache: it dequantises an fp8 cache only")
+    if fp8 and k_scale is None:
+        raise ValueError(f"k_scale is missing: a {k_cache.dtype} k_cache needs its dequantisation scale "
+                         "(value = fp8 x k_scale)")
+    if isinstance(k_scale, torch.Tensor):
+        if k_scale.dtype != torch.float32 or k_scale.numel() != 1 or k_scale.dim() > 1:
+            raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, shape () or "
+                             f"(1,), got {_describe(k_scale)}")
+        _same_device("k_scale", k_scale, q.device)
+    elif fp8 and (isinstance(k_scale, bool) or not isinstance(k_scale, (int, float))):
+        raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, got {_describe(k_scale)}")
+    return PlanShape(batch, s_q, h_q, page_size, "fp8" if fp8 else "bf16", causal)
+
+
+# =============================================================================================
+# custom_kernel's route: the route tables (data) and the router
+# Lists of rows {"max_batch", "max_kv_len", "route", "params"[, "candidates"]}. A row matches a
+# call when batch <= max_batch and kv_len <= max_kv_len (None: no bound), kv_len = total_kv //
+# batch. The first matching row whose preconditions hold wins (row_preconditions_hold):
+#   - a paged row (params["page_size"] > 1) needs lengths declared uniform and a multiple of it;
+#   - a route absent here (ROUTE_INFO "portable": False, e.g. hopper_fp8 off sm_90) skips the
+#     row: the next row for the same shapes, a portable one, serves them.
+# The last row of each table matches everything and always holds (the catch-all).
+# "candidates": further configurations the candidate race measures for the row (section
+# "Candidate race"); the row's own route and params are its first candidate.
+# AITER_ROUTE_TABLE: every row reads every token, so page size 1 everywhere (the runner's
+# reference's own setting). A page > 1 row may come back only after a strict check on an MI355X
+# shows it right (docs/runner.md, "Page size": aiter's q-length-1 fp8 persistent kernel has no
+# paged build and most likely reads one token per page, which the runner's loose check passes).
+# Nothing in it has run on an MI355X. Its catch-all is the reference's configuration (persistent,
+# page 1, 32 splits, per-tensor q scale): right for any lengths.
+# Parameters shared by routes: num_splits = KV splits per batch row (aiter's persistent plan: at
+# most that many); q_scale (aiter routes) = how bf16 q becomes fp8: "tensor" max|q| / fp8 max like
+# the reference, right for any q; "unit" q.to(fp8) with scale 1, right only while max|q| <= the
+# fp8 max (448 e4m3fn, 240 e4m3fnuz; the runner's q is randn).
+# tune.py --write and tools/freeze_race_log.py rewrite the literals between the markers: keep
+# them plain literals.
+# =============================================================================================
+# BEGIN ROUTE TABLES
+AITER_ROUTE_TABLE = [
+    {"max_batch": 4, "max_kv_len": 1024, "route": "aiter_bf16", "params": {},
+     "candidates": [
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "aiter_bf16", "params": {}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 1, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 32}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 4}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
+     "candidates": [
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
+         {"route": "aiter_a8w8_persistent",
+          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
+         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
+         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "e4m3"}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                     "qk_dot_scaled": "none"}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
+         {"route": "triton_mxfp4",
+          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
+                     "qk_dot_scaled": "e4m3"}},
+     ]},
+    {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
+    {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
+     "params": {"page_size": 1, "num_splits": 32, "q_scale": "tensor"}},
+]
+
+TRITON_ROUTE_TABLE = [
+    {"max_batch": 4, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 3},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 1, "num_warps": 4, "num_stages": 3}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 3}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
+     "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 64, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
+     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2},
+     "candidates": [
+         {"route": "hopper_fp8",
+          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
+         {"route": "triton_fp8",
+          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
+     ]},
+    {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+    {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
+     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
+]
+# END ROUTE TABLES
+
+LAST_ROUTE = None  # route_label of the candidate the last call ran (eval.py shows it)
+LAST_CANDIDATE = None  # that candidate, {"route", "params"} (read it, do not modify it)
+
+
+def active_route_table():
+    return AITER_ROUTE_TABLE if HAVE_AITER else TRITON_ROUTE_TABLE
+
+
+def row_preconditions_hold(row, kv_len, uniform):
+    """The row's route exists here (the Hopper route only on sm_90), and a paged row needs
+    uniform KV lengths that are a multiple of its page size."""
+    page_size = row["params"].get("page_size", 1)
+    exists = ROUTE_INFO.get(row["route"], {}).get("portable", True) or row["route"] in ROUTES
+    return exists and (page_size == 1 or (uniform and kv_len % page_size == 0))
+
+
+def select_route(batch, kv_len, uniform=True, table=None):
+    """The first row of `table` (default: the active one) with batch <= max_batch and
+    kv_len <= max_kv_len whose preconditions hold. `uniform`: every batch holds kv_len rows
+    (see declares_uniform_kv)."""
+    for row in active_route_table() if table is None else table:
+        if ((row["max_batch"] is None or batch <= row["max_batch"])
+                and (row["max_kv_len"] is None or kv_len <= row["max_kv_len"])
+                and row_preconditions_hold(row, kv_len, uniform)):
+            return row
+    raise ValueError(f"no route-table row fits batch {batch}, kv_len {kv_len}, uniform {uniform}: "
+                     "a table must end with an always-valid catch-all row")
+
+
+class Selection:
+    """What a shape runs: its table row, the candidate it settled on (the row's own route until
+    a race settles another), that candidate's route_label, the table, and whether the row's
+    candidate race is still to run."""
+    __slots__ = ("row", "candidate", "label", "table", "racing")
+
+    def __init__(self, row, candidate, table, racing=False):
+        self.row, self.candidate, self.table, self.racing = row, candidate, table, racing
+        self.label = route_label(candidate)
+
+
+# (batch, kv_len, uniform, id(table)) -> Selection. The table is kept so that its id stays its
+# own. Tables are data read at call time: replace a table rather than edit it in place (or clear
+# this dict).
+_SELECTED = {}
+
+
+def _selection(batch, kv_len, uniform):
+    """(cache key, Selection) for a shape under the active table."""
+    table = active_route_table()
+    key = (batch, kv_len, uniform, id(table))
+    selection = _SELECTED.get(key)
+    if selection is None:
+        row = select_route(batch, kv_len, uniform, table)
+        selection = _SELECTED[key] = Selection(row, {"route": row["route"], "params": row["params"]}, table,
+                                               races_here(row, batch, kv_len, uniform))
+    return key, selection
+
+
+def _note_ran(candidate, label=None):
+    global LAST_ROUTE, LAST_CANDIDATE
+    LAST_ROUTE, LAST_CANDIDATE = label or route_label(candidate), candidate
+
+
+def _run(candidate, data, total_kv, label=None):
+    """Run a candidate for the caller and say so in LAST_ROUTE / LAST_CANDIDATE."""
+    _note_ran(candidate, label)
+    return run_candidate(candidate, data, total_kv)
+
+
+# =============================================================================================
+# The serving API's route: which kernel serves a plan, as data (SERVING_ROUTE_TABLE) and the one
+# function that reads it (serving_route)
+# =============================================================================================
+SERVING_MAX_HEADS = 128
+SERVING_MAX_Q_LEN = 8
+SERVING_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+SERVING_ROWS = 16  # query rows (token, head pairs) per program (the MMA's N): portable route, Hopper default
+SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its merge than it saves
+SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
+SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
+TMA_TILE = 64  # tokens a Hopper tile reads; TMA reads a tile from one page, so shorter pages are gathered
+
+# A row serves a plan where its "kv" is the cache's format and, where the row names them, the plan's
+# head count is in "heads", its query tokens in "s_q", its page size in "pages", its batch at most
+# "max_batch", its query rows (s_q x h_q) at least "min_rows", and the loaded aiter has every
+# capability in "needs" (AITER_SERVING_CAPABILITIES). serving_route takes the first such row whose
+# route exists here (SERVING_ROUTES: aiter's rows only where aiter loaded, the MI355X; hopper_paged
+# only on sm_90 with Gluon), hopper_paged only for a cache TMA can read (its blocks back to back).
+# Row params, Hopper: "rows" query rows a program (16 where absent), "num_warps", "num_stages" (ring
+# slots), "waves" (programs per SM slot the split count aims for), "min_chunk" (the shortest split),
+# "spans" (the span schedule where the batch can outgrow one wave of chunks), "seesaw" (the seesaw
+# kernel: query rows as M), "block_n" (its tile), "pv_f16" (P.V in f16 over an fp8 cache),
+# "shared_max" (the row max and rescale factors through shared memory); portable: "block_n",
+# "num_warps", "num_stages"; aiter: its route's keyword arguments. docs/design.md says why each row.
+SERVING_ROUTE_TABLE = [
+    # aiter: the persistent a8w8 kernels with an lse up to 32 requests (h47), 64 heads at any batch
+    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "max_batch": 32, "needs": ("persistent_lse",),
+     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
+    {"kv": "fp8", "heads": (64,), "s_q": (1,), "needs": ("persistent_lse",), "route": "aiter_serving_a8w8_persistent",
+     "params": {"num_splits": 16}},
+    # aiter: 32 heads have a persistent lse build from 2026-06-26 only (h47)
+    {"kv": "fp8", "heads": (32,), "s_q": (1,), "needs": ("persistent_lse_32_heads",),
+     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
+    # aiter: the non-persistent fp8 kernels, one split each above 32 requests (h37a)
+    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "needs": (), "route": "aiter_serving_fp8", "params": {}},
+    {"kv": "fp8", "heads": (8,), "s_q": (1,), "needs": ("fp8_8_heads",), "route": "aiter_serving_fp8",
+     "params": {}},
+    # aiter: bf16 with stage 2's merged lse, 2-16 splits so that stage 2 writes it (h37a)
+    {"kv": "bf16", "heads": (16, 64, 128), "s_q": (1,), "needs": ("decode_lse",), "route": "aiter_serving_bf16",
+     "params": {}},
+    # Hopper fp8, 64+ rows on pages of whole tiles: the seesaw kernel (h51-h54, h63)
+    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
+                "seesaw": True}},
+    # Hopper fp8, 64+ rows on shorter pages: 64 rows at 8 warps, P.V in f16 (h43, h44c)
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "pv_f16": True, "shared_max": True}},
+    # Hopper fp8, 32-63 rows: 32 rows at 8 warps, P.V in f16 (h49c)
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "pv_f16": True, "shared_max": True}},
+    # Hopper fp8, fewer rows: 16 rows at 4 warps, P.V in f16 (h43)
+    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
+    # Hopper bf16, 64+ rows on pages of whole tiles: the seesaw kernel on 32-token tiles (h65)
+    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
+     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
+                "seesaw": True, "block_n": 32}},
+    # Hopper bf16, 32+ rows: 32 rows at 8 warps (h40, h44c)
+    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
+     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
+                "shared_max": True}},
+    # Hopper bf16, fewer rows: 16 rows, chunks only (its span tile loop spills: h42)
+    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
+    # the portable kernel: every other case, and every GPU and the CPU (h36, h38)
+    {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
+    {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
+]
+
+
+def serving_row_serves(row, shape):
+    """Whether a serving table row serves a plan of this PlanShape (see SERVING_ROUTE_TABLE)."""
+    return (row["kv"] == shape.kv and shape.h_q in row.get("heads", (shape.h_q,))
+            and shape.s_q in row.get("s_q", (shape.s_q,)) and shape.page_size in row.get("pages", (shape.page_size,))
+            and shape.batch <= row.get("max_batch", shape.batch)
+            and shape.s_q * shape.h_q >= row.get("min_rows", 0)
+            and AITER_SERVING_CAPABILITIES.issuperset(row.get("needs", ())))
+
+
+def route_rows(row):
+    """Query rows per program of a serving table row: its params' "rows" on the Hopper route (16
+    where absent), SERVING_ROWS on the portable one."""
+    return row["params"].get("rows", SERVING_ROWS) if row["route"] == "hopper_paged" else SERVING_ROWS
+
+
+class ServingRoute(NamedTuple):
+    """What serves a plan: its SERVING_ROUTE_TABLE row, the kernel (None: the row's aiter route),
+    the split count, and whether the Hopper kernel runs the span schedule."""
+    row: dict
+    kernel: object
+    num_splits: int
+    spans: bool
+
+
+def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, table=None, here=True):
+    """The ServingRoute of a plan of this PlanShape: the first row of `table` (SERVING_ROUTE_TABLE)
+    that serves it and whose route exists here (SERVING_ROUTES; here=False: any route, for the
+    compile plans), on `device` (None: as on the CPU) for a cache TMA can read or not
+    (tma_readable), with:
+    - the kernel: aiter's route where aiter loaded; on Hopper, pages of whole tiles through TMA (the
+      seesaw kernel where the row says "seesaw", else the tokens-as-M kernel), shorter pages
+      gathered a row per token; elsewhere, and for a cache TMA cannot read, the portable kernel;
+    - the split count: num_splits where given; Hopper, one chunk per program slot of the GPU
+      ("waves" of the programs resident at once); portable, enough programs to fill the GPU twice,
+      no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's capacity (tokens);
+    - spans: the row asks for them and the batch can outgrow one wave of chunks (batch x
+      SERVING_MAX_SPLITS > the split count); otherwise every chunk schedule fits one wave, the span
+      cost model would never take spans, and the kernel without them is the faster one to carry."""
+    for row in SERVING_ROUTE_TABLE if table is None else table:
+        route, params = row["route"], row["params"]
+        if (not serving_row_serves(row, shape) or (here and route not in SERVING_ROUTES)
+                or (route == "hopper_paged" and not tma_readable)):
+            continue
+        if route in AITER_SERVING_ROUTES:
+            return ServingRoute(row, kernel=None, num_splits=0, spans=False)
+        groups = triton.cdiv(shape.s_q * shape.h_q, route_rows(row))
+        if route == "triton_paged":
+            programs = SERVING_CPU_PROGRAMS if device is None or device.type == "cpu" else 2 * sm_count(device)
+            splits = num_splits or max(1, min(triton.cdiv(programs, shape.batch * groups),
+                                              capacity // SERVING_SPLIT_MIN_TOKENS))
+            return ServingRoute(row, _mla_decode_kernel, splits, False)
+        if shape.page_size < TMA_TILE:
+            kernel = _mla_decode_gathered_hopper_kernel
+        else:
+            kernel = _mla_decode_seesaw_kernel if params.get("seesaw") else _mla_decode_paged_hopper_kernel
+        if num_splits is None:
+            # the seesaw kernel's program is three warpgroups of num_warps: two compute, the loader's warp padded
+            warps = params["num_warps"] * (3 if params.get("seesaw") else 1)
+            sms = 1 if device is None else sm_count(device)
+            resident = sms * hopper_programs_per_sm(warps, params["num_stages"], 2 if shape.kv == "bf16" else 1,
+                                                    route_rows(row))
+            num_splits = max(1, params["waves"] * resident // groups)
+        spans = bool(params.get("spans", False)) and shape.batch * SERVING_MAX_SPLITS > num_splits
+        return ServingRoute(row, kernel, num_splits, spans)
+    raise ValueError(f"no serving route for {shape}: the table must end with a portable row for each format")
+
+
 # =============================================================================================
 # Host machinery: launch, compiled-kernel cache, split workspaces
 # =============================================================================================
@@ -240,7 +1005,6 @@ def _launch_hooks_installed():
 
 
 _COMPILED = {}  # launch key -> (Triton's compiled kernel, the constexpr values it is called with)
-
 
 IS_HIP = torch.version.hip is not None
 HIP_RANGE32_BYTES = 2**31 - 1  # HIP: a tensor whose storage fits is compiled with 32-bit buffer offsets
@@ -262,12 +1026,12 @@ def _specialisation(arg):
 def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, floats=1):
     """kernel[grid](*tensors, *scalars, **constexprs, num_warps=, num_stages=), and from the
     second call with the same key straight through the compiled kernel's own launcher
-    (compiled[grid], h22).
+    (compiled[grid]).
 
     Why: Triton's dispatcher re-derives every argument's specialisation and the cache key on each
     call; that host time is inside the runner's timing whenever the GPU waits for the launch, and
     in leaderboard mode (a new input per repeat) the cold host path costs far more than the kernel
-    on small shapes (NOTES.md, "host" rows of the Hopper route). The key holds everything the JIT
+    on small shapes. The key holds everything the JIT
     specialises on for these arguments: each tensor's dtype and 16-byte alignment (and on HIP its
     2 GiB range), each integer scalar's value (strides: divisibility and the value 1; the leading
     `floats` scalars, sm_scale and such, are floats: not specialised, not in the key), the grid,
@@ -308,7 +1072,7 @@ def _keep_descriptor_encodings(compiled):
     wrapper around its C launch function. Replace that wrapper on this compiled kernel by one that
     passes the same arguments but keeps each descriptor's encoding on the descriptor (per kernel:
     the encoding depends on the kernel's view of it), so a descriptor reused across calls is
-    encoded once (NOTES.md h39a). Kernels without descriptors, launchers that are not the 3.6 one (the
+    encoded once. Kernels without descriptors, launchers that are not the 3.6 one (the
     wrapper's variables) and launchers wrapped here already (this wrapper has none of them) are left
     as they are."""
     run = compiled.run
@@ -372,7 +1136,6 @@ def keyword_defaults(fn):
     ahead-of-time compile must name them all)."""
     return {name: param.default for name, param in inspect.signature(getattr(fn, "fn", fn)).parameters.items()
             if param.default is not inspect.Parameter.empty}
-
 
 
 def fp8_tensor_scale(x, fp8_dtype):
@@ -469,7 +1232,7 @@ def _merge_splits(PARTIAL_O, PARTIAL_LSE, first_slot, offsets, heads, NUM_SPLITS
     return merged, lse_max + tl.log2(weight_sum)
 
 
-# --- fp8 and bf16 caches: custom_kernel's contiguous rows and the serving API's pages -----------
+# --- fp8 and bf16 caches: custom_kernel's contiguous rows and the serving API's pages --------
 @triton.jit
 def _request_span(QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, batch, kv_rows, capacity, PAGE_SIZE: tl.constexpr):
     """(first cache row, length, poison) of one request. PAGE_SIZE 0: custom_kernel's contiguous
@@ -546,7 +1309,7 @@ def _query_rows(group, num_heads, q_len, ROWS: tl.constexpr, PAGE_SIZE: tl.const
     token-major order: (valid, query token, head) per row, rows past the request's masked.
     custom_kernel's rows (PAGE_SIZE 0) are its one token's ROWS = 16 heads, known at compile time:
     the divisions and masks of the general case cost the fp8 route its last registers on sm_90
-    (spills; NOTES.md h36a). Called before and after the tile loop, not kept through it."""
+    (spills). Called before and after the tile loop, not kept through it."""
     if PAGE_SIZE == 0:  # grid (batch, splits, 1)
         head = tl.arange(0, ROWS)
         row_ok, q_token = head < ROWS, 0
@@ -574,8 +1337,7 @@ def _mla_decode_kernel(
     stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
     FP8_MAX: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr = True,
     PAGE_SIZE: tl.constexpr = 0, CAUSAL: tl.constexpr = False, WRITE_LSE: tl.constexpr = False,
-    KV_SCALE_IN_TENSOR: tl.constexpr = True, ROWS: tl.constexpr = 16, LATENT: tl.constexpr = 512,
-    ROPE: tl.constexpr = 64,
+    KV_SCALE_IN_TENSOR: tl.constexpr = True, ROWS: tl.constexpr = 16,
 ):
     """Split-KV MLA decode over an fp8 or bf16 latent cache, the split merge fused into the last
     split. One core for both entry points: custom_kernel's contiguous rows (PAGE_SIZE 0, rows
@@ -638,8 +1400,8 @@ def _mla_decode_kernel(
     acc_t = tl.zeros([LATENT, ROWS], tl.float32)
     # Tiles: cache rows kv_begin + [split_begin, loop_end) (on pages kv_begin is 0: token positions).
     # Contiguous rows: a 64-bit pointer to the split's first row (caches past 2^31 bytes) and
-    # 32-bit offsets from it (a 64-bit address per tile costs the sm_90 configs spills: NOTES.md
-    # h36a); a split of 2^31 elements or more is poisoned above, never read.
+    # 32-bit offsets from it (a 64-bit address per tile costs the sm_90 configs spills); a split of
+    # 2^31 elements or more is poisoned above, never read.
     loop_end += kv_begin
     kv_split = KV + tl.cast(kv_begin + split_begin, tl.int64) * stride_kv_token
     for tile_begin in range(kv_begin + split_begin, loop_end, BLOCK_N):
@@ -742,7 +1504,8 @@ def triton_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, blo
            floats=DECODE_FLOATS)
     return out
 
-# --- mxfp4 cache ------------------------------------------------------------------------------
+
+# --- mxfp4 cache -----------------------------------------------------------------------------
 @triton.jit
 def _dequant_mxfp4_f16(packed, scale_bytes, ref_byte, BLOCK_N: tl.constexpr, NBYTES: tl.constexpr,
                        NBLOCKS: tl.constexpr):
@@ -761,8 +1524,7 @@ def _dequant_mxfp4_f16(packed, scale_bytes, ref_byte, BLOCK_N: tl.constexpr, NBY
     the token's largest values) and blocks 2^30 smaller flush to 0.
     Why f16 and not bf16: the nibble -> f16 bit placement (two shifts and masks per nibble) plus
     one multiply is about a third of the integer work of building exact bf16 values with the scale
-    folded into the exponent (selects for the codes 0 and 1): NOTES.md, "Why the mxfp4 route loses
-    on the H200".
+    folded into the exponent (selects for the codes 0 and 1).
     """
     b = packed.to(tl.int32)
     lo = ((b << 9) & 0x0E00) | ((b << 12) & 0x8000)
@@ -787,7 +1549,6 @@ def _quantize_mxfp8_t(x_t, K: tl.constexpr, N: tl.constexpr):
     inv_scale = ((254 - scale_byte) << 23).to(tl.float32, bitcast=True)  # 2^(127 - byte)
     q = tl.reshape((x3 * inv_scale[:, None, :]).to(tl.float8e4nv), (K, N))
     return q, tl.trans(scale_byte.to(tl.uint8))
-
 
 
 @triton.jit
@@ -1029,7 +1790,6 @@ def triton_mxfp4_route(q, kv_data, qo_indptr, kv_indptr, config, num_splits=1, b
     return out
 
 
-
 # Compile plans: what tools/kernel_report.py compiles ahead of time for a route-table row.
 # "range32_args": the pointer arguments Triton's HIP JIT marks as within 2 GiB (every tensor at
 # the leaderboard's sizes: the largest, the bs 256 / kv 8192 fp8 cache, is 1.2 GB), which it then
@@ -1090,8 +1850,8 @@ def triton_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(Fa
     pages of 16 (a block id per token) and 64 (one per tile), causal masks on and off, lse
     written, 2 splits, for the cache format params["kv"] (tools/kernel_report.py adds a serving
     row's "kv" to its params). AMD targets only: there these rows serve every API case aiter
-    does not; on sm_90 every page size takes hopper_paged (h48), and these configs spill at 8
-    warps (up to 336 B: NOTES.md h38d)."""
+    does not; on sm_90 every page size takes hopper_paged, and these configs spill at 8
+    warps (up to 336 B)."""
     kv = params.get("kv", "fp8")
     launch_params = {"num_splits": 2, **{name: value for name, value in params.items() if name != "kv"}}
     entries = []
@@ -1114,19 +1874,23 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
     plan = TRITON_COMPILE_PLANS.get(route)  # each plan returns its list of entries
     return [] if plan is None else plan(params, fp8_dtype)
 
+
 # =============================================================================================
 # The Hopper route (Gluon, sm_90 only)
 # NVIDIA Hopper only (H100, H200), written in Gluon, the explicit-layout dialect that ships with
 # Triton 3.6. Why a second kernel: P.V needs V^T, and V is stored token-major. tl.dot can only get
 # V^T into the MMA by converting the fp8 tile to f16 in registers through byte-wise transposed
-# shared-memory reads, which holds the portable kernel far from the byte floor (NOTES.md v2-v6).
+# shared-memory reads, which holds the portable kernel far from the byte floor.
 # Here the kernel reads each fp8 V chunk from its TMA tile straight into the register fragment of
 # V^T that the fp8 wgmma takes as its A operand (4 tokens x 4 dims per thread, the bytes repacked
 # in registers), so both products are fp8 wgmma fed by TMA and nothing is copied back to shared
-# memory (h7). Off Hopper, or where Gluon does not import, the route does not exist and its table
-# rows are skipped (each is followed by a portable row). One core (_hopper_decode), three entry
-# kernels: custom_kernel's contiguous rows, and the serving API's pages (h38), read by TMA where a
-# page holds whole tiles and gathered by cp.async where it does not (h48).
+# memory. Off Hopper, or where Gluon does not import, the route does not exist and its table
+# rows are skipped (each is followed by a portable row).
+# Kernels: the tokens-as-M kernels (tokens as the MMA's M, one tile loop, _split_tiles) for
+# custom_kernel's contiguous rows and for the serving API's pages, read by TMA where a page holds
+# whole tiles and gathered by cp.async where it does not; the seesaw kernel (query rows as M, two
+# compute warpgroups and a loader warp) for the serving API's 64+ query rows on pages of whole
+# tiles; the combine kernel, which merges the serving kernels' split requests.
 # =============================================================================================
 try:
     from triton.experimental import gluon
@@ -1142,8 +1906,12 @@ except Exception:  # an older Triton, or one built without the NVIDIA Gluon dial
 
 class _GluonAbsent:
     """Stands in for gluon, gl and triton.constexpr_function where Gluon does not import: the
-    definitions below still run (decorators and annotations), nothing of them is ever compiled."""
-    constexpr = object
+    definitions below still run (decorators, annotations and constants), nothing of them is ever
+    compiled."""
+
+    class constexpr:  # noqa: N801  (gl.constexpr's name)
+        def __init__(self, value=None):
+            self.value = value
 
     @staticmethod
     def jit(fn):
@@ -1164,9 +1932,11 @@ def _is_hopper():
 
 HOPPER = _is_hopper()
 HOPPER_CHUNK = 128  # latent dims per V transpose and P.V product (4 per token)
+CHUNK = gl.constexpr(HOPPER_CHUNK)  # the same, for the Gluon kernels
 TMA_BOX_BYTES = 128  # bytes of latent dims per row of a 3D TMA box: the 128-byte swizzle the MMAs read
 
 
+# --- Hopper: shared helpers (P.V layouts, q, tiles, softmax, stores, pages) ------------------
 # P.V = V^T . P^T needs V^T, and V is stored token-major; fp8 wgmma takes an MN-major operand
 # from shared memory only for 16-bit types. So V^T is the A operand IN REGISTERS: the MMA's
 # register fragment (DotOperandLayout(0, O_MMA, 4) on 128 rows x 64 k) holds per thread 4
@@ -1180,13 +1950,14 @@ TMA_BOX_BYTES = 128  # bytes of latent dims per row of a 3D TMA box: the 128-byt
 # _DIM_BIT[warps][i]: the latent-dim bit that row bit i is; _TOKEN_BIT[k_width][i]: the token bit
 # k bit i is. The f16 product (PV_F16, k_width 2: V converted exactly from fp8 in registers, P in
 # f16) has 2 consecutive k per register: its lanes hold k bits 1-2, which are token bits 1-2 as
-# they are, so its tokens keep their order (NOTES.md h43).
+# they are, so its tokens keep their order.
 _DIM_BIT = {4: (2, 3, 4, 0, 5, 6, 1), 8: (1, 2, 3, 0, 4, 5, 6)}
 _TOKEN_BIT = {4: (0, 3, 1, 2, 4, 5), 2: (0, 1, 2, 3, 4, 5)}
 _K_BITS = {4: ((0, 1, 4, 5), (2, 3)), 2: ((0, 3, 4, 5), (1, 2))}  # k bits in (registers, lanes)
 # The fp8 fragment read by ldmatrix.trans (_v_ldsm, 4 warps): its lanes hold 16-bit words (dim pairs)
 # 0-7 of an 8 x 8 matrix, so row bits 0-2 are dim bits 1-3 and dim bit 0 picks the byte (row bit 3)
 _DIM_BIT_LDSM = (1, 2, 3, 0, 5, 6, 4)
+
 
 @_constexpr_function
 def _v_operand_load_layout(warps, k_width=4):
@@ -1202,6 +1973,7 @@ def _v_operand_load_layout(warps, k_width=4):
     warp_bases = [row(4), row(5)] + ([row(6)] if warps == 8 else [])
     return gl.DistributedLinearLayout(regs, lanes, warp_bases, [], [64, HOPPER_CHUNK])
 
+
 @_constexpr_function
 def _v_operand_order(warps, k_width=4, v_ldsm=False):
     """gl.permute order taking (64 tokens x 128 dims) split into 13 bits (token bit j at
@@ -1211,16 +1983,19 @@ def _v_operand_order(warps, k_width=4, v_ldsm=False):
     rows = [12 - dim_bit[i] for i in range(6, -1, -1)]
     return tuple(rows + [5 - _TOKEN_BIT[k_width][i] for i in range(5, -1, -1)])
 
+
 @_constexpr_function
 def _pv_token_order():
     """gl.permute order taking (64 tokens x N) split into 6 token bits + N to (k x N) (fp8)."""
     return tuple([5 - _TOKEN_BIT[4][i] for i in range(5, -1, -1)] + [6])
+
 
 @_constexpr_function
 def _rows_to_dims_order(warps, v_ldsm=False):
     """gl.permute order taking (128 rows x N) split into 7 row bits + N to (dims x N)."""
     rows_of_dim = {d: i for i, d in enumerate(_DIM_BIT_LDSM if v_ldsm else _DIM_BIT[warps])}
     return tuple([6 - rows_of_dim[j] for j in range(6, -1, -1)] + [7])
+
 
 @_constexpr_function
 def _v_word_dims(warps):
@@ -1273,7 +2048,7 @@ def _v_f16(kv_chunk, WARPS: gl.constexpr):
     to f16: read as words of the dims a thread holds (16-bit at 8 warps, 32-bit at 4), each pair
     of tokens repacked and converted by _V_F16_ASM: one prmt per two cvt, where the element-wise
     conversion compiled to one or more per cvt (and, at 8 warps, 16-bit loads where ldmatrix now
-    reads 8 rows at a time; NOTES.md h49a)."""
+    reads 8 rows at a time)."""
     WORD_DIMS: gl.constexpr = _v_word_dims(WARPS)
     WORD: gl.constexpr = gl.int16 if WORD_DIMS == 2 else gl.int32
     CHUNK: gl.constexpr = kv_chunk.shape[1]
@@ -1298,7 +2073,7 @@ def _v_ldsm(kv_chunk):
     by _DIM_BIT_LDSM, k by _TOKEN_BIT[4]) at 4 warps: read as 16-bit words (dim pairs) by ldmatrix.trans,
     which gives a thread tokens t and t + 1 of a word per register (token bit 8 in the next one), then
     one prmt per fragment register: the low bytes of the two registers are dim 2w's tokens t, t + 1,
-    t + 8, t + 9, the high bytes dim 2w + 1's (NOTES.md h53)."""
+    t + 8, t + 9, the high bytes dim 2w + 1's."""
     words = kv_chunk._reinterpret(gl.int16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.int16))
     WORDS: gl.constexpr = gl.DistributedLinearLayout([[1, 0], [8, 0], [16, 0], [32, 0], [0, 8]],
                                                      [[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
@@ -1306,7 +2081,7 @@ def _v_ldsm(kv_chunk):
     low, high = gl.inline_asm_elementwise("prmt.b32 $0, $2, $3, 0x6420; prmt.b32 $1, $2, $3, 0x7531;",
                                           "=r,=r,r,r", [words.load(WORDS)], (gl.int8, gl.int8), True, 4)
     v = gl.reshape(gl.join(low, high), [64, 128]).to(gl.float8e4nv, bitcast=True)  # (token, 2 word + byte)
-    return gl.reshape(gl.permute(gl.reshape(v, [2] * 13), _v_operand_order(4, 4, True).value), [128, 64])
+    return gl.reshape(gl.permute(gl.reshape(v, [2] * 13), _v_operand_order(4, k_width=4, v_ldsm=True).value), [128, 64])
 
 
 @gluon.jit
@@ -1330,12 +2105,14 @@ def _pv_chunk(kv_chunk, pt_smem, acc, correction2, WARPS: gl.constexpr, O_MMA: g
         acc = acc * gl.expand_dims(gl.convert_layout(correction2, gl.SliceLayout(0, O_MMA)), 0)
     return warpgroup_mma(v_t, pt_smem.permute((1, 0)), acc, is_async=True)
 
+
 @gluon.jit
 def _rows_to_dims(acc, WARPS: gl.constexpr, V_LDSM: gl.constexpr = False):
     """Undo _pv_chunk's relabelling of the output rows."""
     N: gl.constexpr = acc.shape[1]
     return gl.reshape(gl.permute(gl.reshape(acc, [2] * 7 + [N]), _rows_to_dims_order(WARPS, V_LDSM).value),
                       [128, N])
+
 
 @_constexpr_function
 def _output_layout(warps, rows=16, pairs=True):
@@ -1355,12 +2132,14 @@ def _output_layout(warps, rows=16, pairs=True):
     return gl.DistributedLinearLayout([[1, 0]] + regs + heads, lanes + [[2, 0], [4, 0], [8, 0]],
                                       [[16, 0], [32, 0], [64, 0]], [], [HOPPER_CHUNK, rows])
 
+
 @gluon.jit
 def _hi_plus_lo(acc):
     """(dims x 2*heads) with the products of P_hi and P_lo interleaved -> (dims x heads) of P.V
     (a thread holds both columns of a head: no data moves)."""
     hi, lo = gl.split(gl.reshape(acc, [acc.shape[0], acc.shape[1] // 2, 2]))
     return (hi + lo * (1.0 / 16)) * (1.0 / 256)
+
 
 @gluon.jit
 def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr, rows=None, row_ok=None):
@@ -1379,17 +2158,19 @@ def _store_chunk(acc, base, head_scale, LATENT: gl.constexpr, rows=None, row_ok=
                  (acc * scale).to(base.dtype.element_ty),
                  mask=gl.expand_dims(gl.convert_layout(row_ok, gl.SliceLayout(0, LAYOUT)), 0))
 
+
 @_constexpr_function
 def _merge_layout(splits, dims, heads, warps):
     """(splits x dims x heads) of partials, 64 floats per thread for 128 threads: all splits in
-    each thread (the sums over splits stay in registers; spreading splits over warps cost 2x:
-    NOTES.md h9a), 64 / splits contiguous dims (at most 4: 16-byte loads; 2 at 32 splits, 1 at
+    each thread (the sums over splits stay in registers; spreading splits over warps was slower),
+    64 / splits contiguous dims (at most 4: 16-byte loads; 2 at 32 splits, 1 at
     64), lanes and warps over dims first, then heads; no element held twice."""
     per_thread = min(4, max(1, 64 // splits))
     dim_lanes = min(dims // per_thread, 8)
     dim_warps = max(1, min(warps, dims // (per_thread * dim_lanes)))
     return gl.BlockedLayout([splits, per_thread, 1], [1, dim_lanes, 32 // dim_lanes],
                             [1, dim_warps, warps // dim_warps], [1, 2, 0])
+
 
 @gluon.jit
 def _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first_slot, dim_begin, kv_scale, WARPS: gl.constexpr,
@@ -1451,6 +2232,7 @@ def _load_q(Q, row, stride_q_token, ROWS: gl.constexpr, NUM_HEADS: gl.constexpr,
             gl.load(q_base + 3 * CHUNK + q_dims, mask=ok).to(gl.float32),
             gl.load(q_base + LATENT + rope_dims, mask=ok).to(gl.float32))
 
+
 @gluon.jit
 def _issue_scores(kv_latent, kv_rope, q_latent, q_rope, slot, no_scores, NUM_CHUNKS: gl.constexpr):
     """S^T of the tile in ring slot `slot`: 5 fp8 wgmma (4 latent boxes + rope) with Q^T, issued
@@ -1472,9 +2254,9 @@ def _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, barrier, slot, token, pr
     the paged kernel's) is one copy that lands box after box, each the (64 x 128-byte) swizzled
     tile the MMAs read, so the slot's NUM_CHUNKS chunks seen as (boxes x 64 x box dims) are the
     same bytes; the compiler puts a CTA barrier before each copy into the ring, so one copy where
-    NUM_CHUNKS were is 3 barriers fewer a tile (NOTES.md h44e). A 2D one (custom_kernel's) is a
+    NUM_CHUNKS were is 3 barriers fewer a tile. A 2D one (custom_kernel's) is a
     copy per chunk: there the one copy made the 4-request shapes (a tile or two a program)
-    slower (h44e)."""
+    slower."""
     mbarrier.expect(barrier, TILE_BYTES, pred=pred)
     if len(lat_desc.block_type.shape) == 3:
         BOXES: gl.constexpr = lat_desc.block_type.shape[0]
@@ -1563,7 +2345,7 @@ def _gather_issue(KV, stride_kv_row, BT_ROW, lat_rows, lat_read, rope_rows, rope
 def _quantize_q(q0, q1, q2, q3, qr, q_latent, q_rope, FP8_MAX: gl.constexpr):
     """Q^T in fp8 into shared memory, scaled by the program's own amax; returns that scale.
     The chunks' elementwise max comes first so that one reduction crosses the warps (each
-    cross-warp reduction costs barriers: h14), and one reciprocal replaces 72 divisions per thread."""
+    cross-warp reduction costs barriers), and one reciprocal replaces 72 divisions per thread."""
     latent_amax = gl.max(gl.maximum(gl.maximum(gl.abs(q0), gl.abs(q1)), gl.maximum(gl.abs(q2), gl.abs(q3))), 1)
     amax = gl.maximum(gl.max(gl.maximum(latent_amax, gl.max(gl.abs(qr), 1)), 0), 1e-12)
     q_inverse = FP8_MAX / amax
@@ -1591,7 +2373,7 @@ def _exchange_layout(row_layout):
 def _through_shared(values, buffer, LAYOUT: gl.constexpr):
     """values in LAYOUT by way of `buffer` (shared, values' shape) and one barrier: the row max's
     partials and the rescale factors, where gl.max across warps takes two barriers and the
-    factors' gl.convert_layout from S^T's rows to P.V's three (NOTES.md h44b)."""
+    factors' gl.convert_layout from S^T's rows to P.V's three."""
     buffer.store(values)
     gl.thread_barrier()
     return buffer.load(LAYOUT)
@@ -1602,7 +2384,7 @@ def _exchanged_max(scores, exchange):
     """The (tokens x rows) tile's max per row, in the rows' layout of scores: each warp reduces its
     16 tokens in registers and lanes, writes its partial to `exchange` (rows x 4, float32), and
     after one barrier every thread reads the 4 partials of its rows (where gl.max over the warps
-    takes two barriers: NOTES.md h44b, h44c)."""
+    takes two barriers)."""
     ROWS: gl.constexpr = scores.shape[1]
     gl.static_assert(scores.shape[0] == 64, "4 token warps of 16 tokens")
     S_ROWS: gl.constexpr = gl.SliceLayout(0, scores.type.layout)
@@ -1617,7 +2399,7 @@ def _online_softmax(scores, valid, score_scale, running_max, row_sums, CAUSAL: g
     """One tile's step of the online softmax (float32, base 2): the tile's probabilities, the
     factor that rescales the earlier terms, the new running max and the (tokens x heads) sums. The
     sums are reduced over tokens once after the loop: a per-tile reduction over tokens crosses the
-    warps (shared memory and a barrier); the max still must (h8), through `exchange` where given
+    warps (shared memory and a barrier); the max still must, through `exchange` where given
     (_exchanged_max). `valid`: (tokens x 1), or (tokens x rows) where causal rows end at different
     tokens; such a row may have no token yet (max -inf): it is shifted by 0, not by -inf."""
     scores = gl.where(valid, scores * score_scale, float("-inf"))
@@ -1736,56 +2518,60 @@ def _store_chunks(out0, out1, out2, out3, dest, head_scale, LATENT: gl.constexpr
 
 
 @gluon.jit
-def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O, PARTIAL_LSE,
-                 slot_id, WARPS: gl.constexpr, NUM_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                 LATENT: gl.constexpr, CHUNK: gl.constexpr):
-    """The program's result: with one split the bf16 output row; otherwise this split's float32
-    partial (heads x dims, like the output) and its lse. An empty split (a row shorter than the
-    split grid) has sum 0: partial 0, lse -inf (weight 0 in the merge). `poison` (0 or NaN, see
-    _row_poison) is added to the output's scale and to the lse."""
-    running_sum = gl.sum(row_sums, 0)
-    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS)
-    if NUM_SPLITS == 1:
-        _store_chunks(out0, out1, out2, out3, out_row, kv_scale / running_sum + poison, LATENT, CHUNK)
-    else:
-        lse, safe_sum = _split_lse(running_max, running_sum)
-        _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * LATENT * NUM_HEADS, 1.0 / safe_sum, LATENT,
-                      CHUNK)
-        gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=running_max.type.layout),
-                 lse + poison)
+def _tile_block(BT_ROW, kv_begin, t, num_tiles, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """The block id of the split's tile t (0 past its last tile: nothing read)."""
+    return gl.load(BT_ROW + (kv_begin + t * BLOCK_N) // PAGE_SIZE, mask=t < num_tiles, other=0)
 
 
 @gluon.jit
-def _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS: gl.constexpr,
-               NUM_SPLITS: gl.constexpr, COOPERATIVE_MERGE: gl.constexpr, NUM_HEADS: gl.constexpr,
-               LATENT: gl.constexpr):
-    """Call after this split's partial is stored: merges the row's splits into its output.
-    COOPERATIVE_MERGE (only when the host checked that the whole grid is resident at once): every
-    split waits for the row's last and then merges 1 / NUM_SPLITS of the dims, so the merge's reads
-    spread over NUM_SPLITS SMs instead of one (h6). The row's counter (second half of the tickets)
-    is never reset: each call adds NUM_SPLITS, so this call's last ticket is the next multiple of
-    NUM_SPLITS above the one drawn (a power of two: the mask and the signed difference stay right
-    when the counter wraps; h12). Otherwise the last split of the row merges it all and resets the
-    row's ticket."""
-    gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-    SLICE: gl.constexpr = LATENT // triton.next_power_of_2(NUM_SPLITS)
-    if COOPERATIVE_MERGE:
-        counter = SPLIT_TICKETS + gl.num_programs(0) + batch
-        drawn = gl.atomic_add(counter, 1, sem="acq_rel")
-        last_ticket = (drawn & (-NUM_SPLITS)) + NUM_SPLITS
-        seen = drawn + 1
-        while seen - last_ticket < 0:
-            seen = gl.atomic_add(counter, 0, sem="acquire")
-        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, split * SLICE, kv_scale, WARPS,
-                     NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
-    elif gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
-        for dim_begin in range(0, LATENT, SLICE):
-            _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, dim_begin, kv_scale, WARPS,
-                         NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
-        gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
+def _paged_row(block, token, pred, num_blocks, kv_rows, PAGE_SIZE: gl.constexpr):
+    """(flattened cache row of the tile at request position `token`, whether its block id is
+    outside [0, num_blocks)). A bad id's tile is read at kv_rows, past the cache: TMA reads zeros
+    there; the request is poisoned."""
+    bad = pred & ((block < 0) | (block >= num_blocks))
+    return gl.where(bad, kv_rows, block * PAGE_SIZE + token % PAGE_SIZE), bad.to(gl.int32)
 
 
-# --- the serving API's paged cache on Hopper: schedule, pages, rows, epilogue ---------------
+@gluon.jit
+def _zero_tail(kv_latent, first, keep_tokens, NUM_CHUNKS: gl.constexpr, BLOCK_N: gl.constexpr,
+               CHUNK: gl.constexpr, WARPS: gl.constexpr):
+    """Zero the tokens from keep_tokens on in the tile's latent boxes, the values of P.V: a page's
+    tail past the request may hold anything, NaN included, and 0 x NaN is NaN (the scores are
+    masked already). Runs in a split's last tile only, after its scores."""
+    LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])
+    keep = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT)) < keep_tokens, 1)
+    gl.thread_barrier()  # every warp's score MMA has read the boxes
+    for c in gl.static_range(NUM_CHUNKS):
+        box = kv_latent.index(first + c)
+        values = box.load(LAYOUT)
+        box.store(gl.where(keep, values, gl.zeros_like(values)))
+
+
+@gluon.jit
+def _serving_rows(group, num_heads, q_len, NUM_HEADS: gl.constexpr, LAYOUT: gl.constexpr):
+    """The program's query rows, (query token, head) pairs group * NUM_HEADS ... in token-major
+    order: (valid, query token, head) per row."""
+    rows = group * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=LAYOUT)
+    return rows < q_len * num_heads, rows // num_heads, rows % num_heads
+
+
+@gluon.jit
+def _natural_lse(lse2):
+    """A base-2 lse as the API returns it: natural log, +inf for a row with nothing attended (the
+    portable kernel's _store_rows writes the same; its source is kept as the gfx950 sweep hashed it)."""
+    return gl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
+
+
+@gluon.jit
+def _store_split_count(SPLIT_COUNTS, request, split, group, num_splits, first_work):
+    """The request's first partial slot and split count, for _mla_combine_kernel, written by its
+    first split of row group 0 (every request has one, so no count is left from an earlier call)."""
+    if (split == 0) & (group == 0):
+        gl.store(SPLIT_COUNTS + 2 * request, first_work)
+        gl.store(SPLIT_COUNTS + 2 * request + 1, num_splits)
+
+
+# --- Hopper: the schedule, computed by every program from cache_seqlens ----------------------
 @_constexpr_function
 def _batch_layout(block, warps):
     """(block,) int32 over the 32 lanes of each warp, every warp holding all of it (the CTA tile
@@ -1840,7 +2626,7 @@ def _serving_work(CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_
     item `work` is split `split` of `request`. Returns (request, split, the request's split count,
     its first work item, split begin, split end, request length, poison); request >= batch_size
     for a work item past the last. A length < 0 or > capacity (what the request's block-table row
-    holds) is poisoned: NaN rows, nothing read (NOTES.md h38)."""
+    holds) is poisoned: NaN rows, nothing read."""
     i, raw, lengths = _batch_lengths(CACHE_SEQLENS, batch_size, capacity, BATCH_BLOCK, WARPS)
     chunk = _chunk_tokens(lengths, target_splits, min_chunk, MAX_SPLITS, BLOCK_N)
     splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(lengths, chunk), 1), 0)
@@ -1864,7 +2650,7 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     graph follows new lengths). The batch's tiles, request after request (each request counts
     cdiv(length, BLOCK_N) tiles, at least one: an empty or poisoned request still writes its
     rows), are cut into `used` spans of equal length, one per program: a program's time is its
-    share of the batch's tokens, whatever the lengths (NOTES.md h42). `used`: at most `programs`,
+    share of the batch's tokens, whatever the lengths. `used`: at most `programs`,
     each span at least min_chunk tokens' worth of tiles, and so many that no request meets more
     than MAX_SPLITS spans (its merge's widest layout). A span's part of each request it touches
     is one segment; a request's splits are the spans it meets, numbered from its first. Returns
@@ -1887,10 +2673,10 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     tile_begin = gl.sum(gl.where(before, units, 0), 0)
     # Which schedule this call takes: each one's time in tiles of its busiest program (a split
     # request costs 3/8 of a tile per pass of its merge's split-count class, a term from when the
-    # last split merged in this kernel; without it, now that _mla_combine_kernel merges, grids A-C
-    # time the same: NOTES.md h73; the spans' widest request meets at most cdiv(its tiles x used,
+    # last split merged in this kernel; without it, now that _mla_combine_kernel merges, the
+    # grids time the same; the spans' widest request meets at most cdiv(its tiles x used,
     # total) + 1 spans), the spans only when strictly shorter. Chunks (_serving_work) keep a
-    # uniform batch's requests whole or evenly cut, spans cut across requests and merge more (h42).
+    # uniform batch's requests whole or evenly cut, spans cut across requests and merge more.
     chunk_tiles = _chunk_tokens(lengths, programs, min_chunk, MAX_SPLITS, BLOCK_N) // BLOCK_N
     chunk_splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(units, chunk_tiles), 1), 0)
     items = gl.sum(chunk_splits, 0)
@@ -1923,8 +2709,7 @@ def _span_segment(CACHE_SEQLENS, program, request, tile_begin, total, used, capa
     """A segment of _span_start's schedule: this program's part of `request`, whose tiles start at
     tile_begin. Returns (split, the request's split count, its first partial slot, split begin
     and end in tokens, request length, poison, the request's end tile). A length < 0 or >
-    capacity (what the request's block-table row holds) is poisoned: NaN rows, nothing read
-    (NOTES.md h38)."""
+    capacity (what the request's block-table row holds) is poisoned: NaN rows, nothing read."""
     raw = gl.load(CACHE_SEQLENS + request)
     seq_len = _used_length(raw, capacity)
     tile_end = tile_begin + _request_tiles(seq_len, BLOCK_N)
@@ -1940,160 +2725,71 @@ def _span_segment(CACHE_SEQLENS, program, request, tile_begin, total, used, capa
             poison, tile_end)
 
 
+# --- Hopper: the tokens-as-M kernels ---------------------------------------------------------
 @gluon.jit
-def _tile_block(BT_ROW, kv_begin, t, num_tiles, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
-    """The block id of the split's tile t (0 past its last tile: nothing read)."""
-    return gl.load(BT_ROW + (kv_begin + t * BLOCK_N) // PAGE_SIZE, mask=t < num_tiles, other=0)
-
-
-@gluon.jit
-def _paged_row(block, token, pred, num_blocks, kv_rows, PAGE_SIZE: gl.constexpr):
-    """(flattened cache row of the tile at request position `token`, whether its block id is
-    outside [0, num_blocks)). A bad id's tile is read at kv_rows, past the cache: TMA reads zeros
-    there; the request is poisoned."""
-    bad = pred & ((block < 0) | (block >= num_blocks))
-    return gl.where(bad, kv_rows, block * PAGE_SIZE + token % PAGE_SIZE), bad.to(gl.int32)
-
-
-@gluon.jit
-def _zero_tail(kv_latent, first, keep_tokens, NUM_CHUNKS: gl.constexpr, BLOCK_N: gl.constexpr,
-               CHUNK: gl.constexpr, WARPS: gl.constexpr):
-    """Zero the tokens from keep_tokens on in the tile's latent boxes, the values of P.V: a page's
-    tail past the request may hold anything, NaN included, and 0 x NaN is NaN (the scores are
-    masked already). Runs in a split's last tile only, after its scores."""
-    LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])
-    keep = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT)) < keep_tokens, 1)
-    gl.thread_barrier()  # every warp's score MMA has read the boxes
-    for c in gl.static_range(NUM_CHUNKS):
-        box = kv_latent.index(first + c)
-        values = box.load(LAYOUT)
-        box.store(gl.where(keep, values, gl.zeros_like(values)))
-
-
-@gluon.jit
-def _serving_rows(group, num_heads, q_len, NUM_HEADS: gl.constexpr, LAYOUT: gl.constexpr):
-    """The program's query rows, (query token, head) pairs group * NUM_HEADS ... in token-major
-    order: (valid, query token, head) per row."""
-    rows = group * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=LAYOUT)
-    return rows < q_len * num_heads, rows // num_heads, rows % num_heads
-
-
-@gluon.jit
-def _natural_lse(lse2):
-    """A base-2 lse as the API returns it: natural log, +inf for a row with nothing attended (the
-    portable kernel's _store_rows writes the same; its source is kept as the gfx950 sweep hashed it)."""
-    return gl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453)
-
-
-@_constexpr_function
-def _split_lse_layout(rows, warps):
-    """(splits x rows) of partial lse: rows over the lanes (past 32, also in registers), splits over
-    the remaining lanes and the warps."""
-    lanes = min(rows, 32)
-    return gl.BlockedLayout([1, rows // lanes], [32 // lanes, lanes], [warps, 1], [1, 0])
-
-
-@gluon.jit
-def _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                WARPS: gl.constexpr):
-    """The base-2 lse of the merged rows from their splits' (-inf for a row with nothing attended)."""
-    LAYOUT: gl.constexpr = _split_lse_layout(NUM_HEADS, WARPS)
-    splits = gl.expand_dims(gl.arange(0, MAX_SPLITS, layout=gl.SliceLayout(1, LAYOUT)), 1)
-    heads = gl.expand_dims(gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT)), 0)
-    lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=splits < num_splits,
-                  other=float("-inf"), cache_modifier=".cg")
-    top = gl.max(lse, 0)
-    top = gl.where(top == float("-inf"), 0.0, top)
-    return top + gl.log2(gl.sum(gl.exp2(lse - gl.expand_dims(top, 0)), 0))
-
-
-@_constexpr_function
-def _serving_merge_slice(latent, splits, rows, warps, dims):
-    """Latent dims _merge_serving merges at once: 64 floats of partials per thread (16 rows at 4
-    warps, 32 at 8: latent / splits dims; twice the rows per thread: half as many dims), at most
-    the `dims` it merges."""
-    return min(dims, latent // splits // max(1, rows // (4 * warps)))
-
-
-@gluon.jit
-def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale, dim0,
-                   WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
-                   DIMS: gl.constexpr):
-    """Latent dims [dim0, dim0 + DIMS) of the request's rows merged from its num_splits (<= SPLITS)
-    splits."""
-    SLICE: gl.constexpr = _serving_merge_slice(LATENT, SPLITS, NUM_HEADS, WARPS, DIMS)
-    for dim_begin in range(dim0, dim0 + DIMS, SLICE):
-        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_base, first_slot, dim_begin, kv_scale, WARPS, SPLITS, SLICE,
-                     NUM_HEADS, LATENT, num_splits, rows, row_ok)
-
-
-@gluon.jit
-def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
-                   dim0, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                   LATENT: gl.constexpr, DIMS: gl.constexpr):
-    """A request's rows of out, dims [dim0, dim0 + DIMS), from its num_splits partials in slots
-    first_slot ...: _merge_serving in the layout of the smallest split-count class that holds them
-    (4, 8 or MAX_SPLITS), then, by the part that holds dim 0, the merged lse."""
-    if num_splits <= 4:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
-                       WARPS, 4, NUM_HEADS, LATENT, DIMS)
-    elif num_splits <= 8:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
-                       WARPS, 8, NUM_HEADS, LATENT, DIMS)
+def _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O, PARTIAL_LSE,
+                 slot_id, WARPS: gl.constexpr, NUM_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                 LATENT: gl.constexpr, CHUNK: gl.constexpr):
+    """The program's result: with one split the bf16 output row; otherwise this split's float32
+    partial (heads x dims, like the output) and its lse. An empty split (a row shorter than the
+    split grid) has sum 0: partial 0, lse -inf (weight 0 in the merge). `poison` (0 or NaN, see
+    _row_poison) is added to the output's scale and to the lse."""
+    running_sum = gl.sum(row_sums, 0)
+    out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS)
+    if NUM_SPLITS == 1:
+        _store_chunks(out0, out1, out2, out3, out_row, kv_scale / running_sum + poison, LATENT, CHUNK)
     else:
-        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
-                       WARPS, MAX_SPLITS, NUM_HEADS, LATENT, DIMS)
-    if dim0 == 0:
-        merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
-        gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
+        lse, safe_sum = _split_lse(running_max, running_sum)
+        _store_chunks(out0, out1, out2, out3, PARTIAL_O + slot_id * LATENT * NUM_HEADS, 1.0 / safe_sum, LATENT,
+                      CHUNK)
+        gl.store(PARTIAL_LSE + slot_id * NUM_HEADS + gl.arange(0, NUM_HEADS, layout=running_max.type.layout),
+                 lse + poison)
 
 
 @gluon.jit
-def _store_split_count(SPLIT_COUNTS, request, split, group, num_splits, first_work):
-    """The request's first partial slot and split count, for _mla_combine_kernel, written by its
-    first split of row group 0 (every request has one, so no count is left from an earlier call)."""
-    if (split == 0) & (group == 0):
-        gl.store(SPLIT_COUNTS + 2 * request, first_work)
-        gl.store(SPLIT_COUNTS + 2 * request + 1, num_splits)
+def _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS: gl.constexpr,
+               NUM_SPLITS: gl.constexpr, COOPERATIVE_MERGE: gl.constexpr, NUM_HEADS: gl.constexpr,
+               LATENT: gl.constexpr):
+    """Call after this split's partial is stored: merges the row's splits into its output.
+    COOPERATIVE_MERGE (only when the host checked that the whole grid is resident at once): every
+    split waits for the row's last and then merges 1 / NUM_SPLITS of the dims, so the merge's reads
+    spread over NUM_SPLITS SMs instead of one. The row's counter (second half of the tickets)
+    is never reset: each call adds NUM_SPLITS, so this call's last ticket is the next multiple of
+    NUM_SPLITS above the one drawn (a power of two: the mask and the signed difference stay right
+    when the counter wraps). Otherwise the last split of the row merges it all and resets the
+    row's ticket."""
+    gl.thread_barrier()  # every thread's partial stores precede the ticket's release
+    SLICE: gl.constexpr = LATENT // triton.next_power_of_2(NUM_SPLITS)
+    if COOPERATIVE_MERGE:
+        counter = SPLIT_TICKETS + gl.num_programs(0) + batch
+        drawn = gl.atomic_add(counter, 1, sem="acq_rel")
+        last_ticket = (drawn & (-NUM_SPLITS)) + NUM_SPLITS
+        seen = drawn + 1
+        while seen - last_ticket < 0:
+            seen = gl.atomic_add(counter, 0, sem="acquire")
+        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, split * SLICE, kv_scale, WARPS,
+                     NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
+    elif gl.atomic_add(SPLIT_TICKETS + batch, 1, sem="acq_rel") == NUM_SPLITS - 1:
+        for dim_begin in range(0, LATENT, SLICE):
+            _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, batch * NUM_SPLITS, dim_begin, kv_scale, WARPS,
+                         NUM_SPLITS, SLICE, NUM_HEADS, LATENT)
+        gl.atomic_xchg(SPLIT_TICKETS + batch, 0)
 
 
 @gluon.jit
-def _mla_combine_kernel(PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, KV_SCALE, OUT, LSE, kv_scale_value, slots, num_heads,
-                        q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                        stride_lse_token, NUM_HEADS: gl.constexpr, MAX_SPLITS: gl.constexpr, DIMS: gl.constexpr,
-                        WARPS: gl.constexpr, KV_SCALE_IN_TENSOR: gl.constexpr, LATENT: gl.constexpr = 512):
-    """The serving API's merge of split requests, after the Hopper kernel (FlashMLA's combine step
-    too): program (request, row group, part) merges dims [part x DIMS, part x DIMS + DIMS) of the
-    group's NUM_HEADS rows from the request's partials, where its split count (SPLIT_COUNTS, written
-    by the kernel before) is above one; a request of one split was written whole by the kernel.
-    Spread over the grid, a request's merge costs one memory latency per part, where the split that
-    finished last took them one after the other (NOTES.md h72)."""
-    request = gl.program_id(0)
-    group = gl.program_id(1)
-    num_splits = gl.load(SPLIT_COUNTS + 2 * request + 1)
-    if num_splits > 1:
-        first_slot = group * slots + gl.load(SPLIT_COUNTS + 2 * request)
-        kv_scale = gl.load(KV_SCALE) if KV_SCALE_IN_TENSOR else kv_scale_value
-        ROW_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-        row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, ROW_LAYOUT)
-        out_base = OUT + request.to(gl.int64) * stride_o_batch
-        lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
-        _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, q_token * stride_o_token + head * stride_o_head, lse_rows,
-                       row_ok, first_slot, num_splits, kv_scale, gl.program_id(2) * DIMS, WARPS, MAX_SPLITS,
-                       NUM_HEADS, LATENT, DIMS)
-
-
-@gluon.jit
-def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads,
-                   q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                   stride_lse_token, WARPS: gl.constexpr, NUM_HEADS: gl.constexpr,
-                   LATENT: gl.constexpr, CHUNK: gl.constexpr, KV_FP8: gl.constexpr, PV_F16: gl.constexpr):
-    """The serving API's epilogue. A request of one split writes its rows of out and lse; otherwise
-    each split writes a float32 partial and its base-2 lse in slot group x slots + first_work +
-    split (first_work: the request's first partial slot; slots: partial slots per row group), which
-    _mla_combine_kernel merges after the kernel; the first split writes the request's split count
-    for it. Rows with nothing attended: out 0, lse +inf; `poison` (0 or NaN) reaches out and lse."""
+def _store_serving(acc, running_max, row_sums, kv_scale, poison, outs, work, rows, slots, out_strides,
+                   WARPS: gl.constexpr, NUM_HEADS: gl.constexpr, KV_FP8: gl.constexpr, PV_F16: gl.constexpr):
+    """The serving API's epilogue of one split (`work`: request, split, the request's split count,
+    its first partial slot). A request of one split writes its rows of out and lse; otherwise each
+    split writes a float32 partial and its base-2 lse in slot group x slots + first_work + split
+    (slots: partial slots per row group), which _mla_combine_kernel merges after the kernel; the
+    first split writes the request's split count for it. Rows with nothing attended: out 0, lse
+    +inf; `poison` (0 or NaN) reaches out and lse."""
+    OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS = outs
+    request, split, num_splits, first_work = work
+    group, num_heads, q_len = rows
+    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
+    acc0, acc1, acc2, acc3 = acc
     running_sum = gl.sum(row_sums, 0)
     out0, out1, out2, out3 = _chunks_out(acc0, acc1, acc2, acc3, WARPS, KV_FP8, PV_F16)
     ROW_LAYOUT: gl.constexpr = running_max.type.layout
@@ -2117,41 +2813,50 @@ def _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, pois
 
 @gluon.jit
 def _split_tiles(
-    lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
-    kv_begin, kv_end, num_tiles, consumed, bt_row, sm_scale_log2, kv_rows, num_blocks, seq_len, group, num_heads,
-    q_len, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
-    CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr,
-    BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr,
-    PV_F16: gl.constexpr = False, exchange=None, factors=None, GATHER: gl.constexpr = False, KV=None,
-    stride_kv_row=0,
+    cache, ring, staging, q, kv_scale, sm_scale_log2, split, pages, rows, FP8_MAX: gl.constexpr,
+    STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
+    NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, LAYOUTS: gl.constexpr,
+    PV_F16: gl.constexpr = False, GATHER: gl.constexpr = False,
 ):
-    """One split's tiles in _hopper_decode: tokens [kv_begin, kv_end) of one request (custom_kernel:
-    of one row) for the program's query rows, q in registers; the ring's tiles numbered on from
-    `consumed` (the tiles the program's earlier splits read). Loads the tiles, runs the online
-    softmax and P.V; returns (the four P.V accumulators, running max, row sums, whether a used
-    block id was outside the cache). The caller writes the epilogue. With `exchange` and `factors`
-    (shared scratch; P^T in 16 bits, a column a row): each tile's row max crosses the warps
-    through `exchange` (_exchanged_max) and the rescale factors reach P.V's layout through
-    `factors` (_through_shared), two barriers where the layouts' conversions take five.
-    GATHER (pages shorter than a tile): each tile's 64 rows are gathered from the cache at KV by
-    cp.async, a row per token (_gather_rows, _gather_tile), one commit group a tile, where TMA
-    reads a tile of one page (NOTES.md h48)."""
+    """One split's tiles: tokens [kv_begin, kv_end) of one request (custom_kernel: of one row) for
+    the program's query rows, q (four 128-dim chunks and the rope part) in registers, the ring's
+    tiles numbered on from `consumed` (the tiles the program's earlier splits read). Loads the
+    tiles, runs the online softmax and P.V; returns (the four P.V accumulators, running max, row
+    sums, whether a used block id was outside the cache). The caller writes the epilogue.
+    cache: the two TMA descriptors, or (GATHER: pages shorter than a tile) the cache and its row
+    stride, each tile's 64 rows gathered by cp.async a row per token (_gather_rows, _gather_tile),
+    one commit group a tile, where TMA reads a tile of one page. split: (kv_begin, kv_end,
+    num_tiles, consumed); pages: (the request's block-table row, kv_rows, num_blocks), on pages
+    only; rows: (seq_len, group, num_heads, q_len), CAUSAL only. staging's `exchange` and `factors`
+    (shared scratch, where given; P^T in 16 bits, a column a row): each tile's row max crosses the
+    warps through `exchange` (_exchanged_max) and the rescale factors reach P.V's layout through
+    `factors` (_through_shared), two barriers where the layouts' conversions take five."""
+    kv_latent, kv_rope, loaded = ring
+    q_latent, q_rope, pt_smem, exchange, factors = staging
+    q0, q1, q2, q3, qr = q
+    kv_begin, kv_end, num_tiles, consumed = split
+    bt_row, kv_rows, num_blocks = pages
+    S_MMA: gl.constexpr = LAYOUTS[0]
+    O_MMA: gl.constexpr = LAYOUTS[1]
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + ROPE) * (1 if KV_FP8 else 2)
     SERVING: gl.constexpr = PAGE_SIZE > 0
     bad_blocks = 0
     if GATHER:  # each tile's rows a step ahead of its copies, which then never wait for the block table
+        KV, stride_kv_row = cache
         LAT_LAYOUT: gl.constexpr = _gather_layout(1 if KV_FP8 else 2, CHUNK, WARPS)
         ROPE_LAYOUT: gl.constexpr = _gather_layout(1 if KV_FP8 else 2, ROPE, WARPS)
         bad_rows = gl.zeros([BLOCK_N], gl.int32, layout=gl.SliceLayout(1, LAT_LAYOUT))  # a used block id bad
         lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_next(
             bt_row, kv_begin, kv_end, 0, num_tiles, num_blocks, bad_rows, PAGE_SIZE, BLOCK_N, LAT_LAYOUT, ROPE_LAYOUT)
+    else:
+        lat_desc, rope_desc = cache
 
     # The first STAGES - 1 tile loads fly while q is quantised. An empty split (a row shorter than
     # the split grid) needs no q; the branch also keeps the quantisation after the issue, ahead of
-    # which ptxas would otherwise schedule q's amax, making the issue wait for q (h33). The empty
-    # path's barrier orders the ring barriers' init before their invalidation; without it Triton
-    # puts that barrier at the tile loop's exit, on every path (h35).
+    # which ptxas would otherwise schedule q's amax, making the issue wait for q. The empty path's
+    # barrier orders the ring barriers' init before their invalidation; without it Triton puts
+    # that barrier at the tile loop's exit, on every path.
     for t in gl.static_range(STAGES - 1):
         if GATHER:
             lat_rows, lat_read, rope_rows, rope_read, bad_rows = _gather_issue(
@@ -2190,6 +2895,7 @@ def _split_tiles(
     tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_MMA))
     no_scores = gl.zeros([BLOCK_N, NUM_HEADS], gl.float32, layout=S_MMA)
     if CAUSAL:  # query token t attends the first seq_len - q_len + t + 1 tokens
+        seq_len, group, num_heads, q_len = rows
         _, row_token, _ = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(0, S_MMA))
         row_limits = gl.expand_dims(gl.minimum(kv_end, seq_len - q_len + 1 + row_token), 0)
     for i in range(num_tiles):
@@ -2246,149 +2952,32 @@ def _split_tiles(
 
     if GATHER:
         bad_blocks = gl.max(bad_rows, axis=0)
-    return acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks
+    return (acc0, acc1, acc2, acc3), running_max, row_sums, bad_blocks
+
+
+@_constexpr_function
+def _tokens_as_m_layouts(rows, warps, kv_fp8, pv_f16):
+    """(S's MMA layout, P.V's MMA layout, q's register layout) of a tokens-as-M program of `rows`
+    query rows and `warps` warps: S^T (tokens x rows) over warpgroups of 4 token warps (8 warps:
+    the two warpgroups split the rows), P.V (dims x P^T's columns) over the warps' dims."""
+    mma_k = 32 if kv_fp8 else 16  # the MMA's k per instruction: 32 bytes
+    p_cols = 2 * rows if kv_fp8 and not pv_f16 else rows  # fp8 P: two fp8 terms a row
+    s_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps // 4],
+                                      instr_shape=[16, rows // (warps // 4), mma_k])
+    o_mma = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                      instr_shape=[16, p_cols, 16 if pv_f16 else mma_k])
+    return s_mma, o_mma, gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
 
 
 @gluon.jit
-def _serve_segment(
-    Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale, BLOCK_TABLE, OUT, LSE,
-    PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, request, live, group, split, num_splits, first_work, kv_begin, kv_end,
-    seq_len, poison, consumed, sm_scale_log2, kv_rows, num_blocks, slots, num_heads, q_len, stride_q_batch,
-    stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
-    stride_lse_head, stride_lse_token, FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-    PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr,
-    LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
-    ROWS: gl.constexpr, S_MMA: gl.constexpr, O_MMA: gl.constexpr, PV_F16: gl.constexpr,
-    exchange, factors, GATHER: gl.constexpr, KV, stride_kv_row,
-):
-    """One split of a request on the serving API's pages (split `split` of num_splits, tokens
-    [kv_begin, kv_end), partial slots from first_work): q's rows, the tiles (_split_tiles, the
-    ring numbered on from `consumed`), then the request's rows or this split's partial
-    (_store_serving). Returns consumed plus the tiles read. A work item past the last request
-    (`live` false) reads and writes nothing."""
-    row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
-    q0, q1, q2, q3, qr = _load_q(Q + request.to(gl.int64) * stride_q_batch, 0, 0, ROWS, NUM_HEADS, CHUNK, LATENT,
-                                 ROPE, q_token * stride_q_token + head * stride_q_head, row_ok & live)
-    num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
-    acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks = _split_tiles(
-        lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
-        kv_begin, kv_end, num_tiles, consumed, BLOCK_TABLE + request.to(gl.int64) * stride_bt, sm_scale_log2, kv_rows,
-        num_blocks, seq_len, group, num_heads, q_len, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT,
-        ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, PV_F16, exchange, factors, GATHER, KV, stride_kv_row)
-    if live:
-        _store_serving(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale,
-                       poison + gl.where(bad_blocks != 0, float("nan"), 0.0), OUT, LSE, PARTIAL_O, PARTIAL_LSE,
-                       SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads,
-                       q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                       stride_lse_token, WARPS, NUM_HEADS, LATENT, CHUNK, KV_FP8, PV_F16)
-    return consumed + num_tiles
-
-
-@gluon.jit
-def _hopper_decode(
-    Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
-    PARTIAL_LSE, SPLIT_TICKETS,
-    sm_scale_log2, kv_scale_value, kv_rows, stride_q_token, stride_o_token, num_blocks, capacity, batch_size,
-    target_splits, min_chunk, num_heads, q_len, stride_q_batch, stride_q_head, stride_bt, stride_o_batch,
-    stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
-    FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-    COOPERATIVE_MERGE: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
-    KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
-    NUM_HEADS: gl.constexpr, LATENT: gl.constexpr, ROPE: gl.constexpr, CHUNK: gl.constexpr, BLOCK_N: gl.constexpr,
-    KV_FP8: gl.constexpr = True, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
-    SHARED_MAX: gl.constexpr = False, GATHER: gl.constexpr = False, KV=None, stride_kv_row=0,
-    TRACE=None,  # bench/profile/trace_probe.py's timestamp buffer, in its instrumented copy only
-):
-    """Split-KV MLA decode over the fp8 (or, KV_FP8 off, bf16) latent cache on Hopper; for
-    custom_kernel the split merge fused as in _mla_decode_kernel (same partials, lse and tickets;
-    same results within rounding), for the serving API merged by _mla_combine_kernel after it
-    (SPLIT_TICKETS then holds the requests' split counts). Its entry points: custom_kernel's
-    contiguous rows (PAGE_SIZE 0) and the serving API's pages (PAGE_SIZE 64 or 128: a tile is 64
-    tokens of one page; 1 ... 32 with GATHER: a tile's rows gathered a token at a time).
-
-    Tile plan: one program = NUM_HEADS query rows (16; the serving API also 32 or 64) x one KV split,
-    WARPS = 4 or 8 (at 8 the two warpgroups split S's query rows and P.V's latent dims). custom_kernel: grid
-    (batch, NUM_SPLITS), the 16 heads of row `batch`'s token, equal splits of each row. Serving
-    API: grid (row groups, work items), rows (query token, head) group * NUM_HEADS ... of a
-    request, causal masks per query token, lse written; the work items a schedule computed from
-    cache_seqlens: a chunk of one request each (_serving_work), or, with SPANS and where
-    _span_start's cost model takes them, one span of the batch's tiles each, the program looping
-    over the requests it meets (_span_segment; the ring's barriers count on across them). The
-    figures below are for 16 rows.
-    Tokens are the MMA M dimension as in the portable kernel. Each KV tile is 64 tokens x 576
-    fp8 bytes, loaded by TMA (4 boxes of 128 latent dims, one 3D copy on pages, + 1 of 64 rope
-    dims) into a ring of STAGES shared-memory slots, STAGES - 1 tiles ahead of the one computed
-    (on pages, the block id of the tile after that is loaded one step ahead, so the TMA issue
-    never waits for it).
-    Per tile:  S^T (64 x 16) = sum of 5 fp8 wgmma over the boxes with Q^T (quantised once per
-    program, per-program amax scale, kept in shared memory);  online softmax in float32, base 2;
-    P^T in fp8 (_store_probs);  for each 128-dim chunk of V: read from the ring slot straight into
-    the MMA's register fragment of V_c^T (bytes repacked in registers, see _pv_chunk),
-    acc_c (128 x 32) += V_c^T . [P_hi P_lo]^T. Shared memory: STAGES x 36 KiB + 9 KiB of q + 2 KiB
-    of P: STAGES 2 fits two programs per SM (237-255 registers per thread at 4 warps, no spills
-    but in the span kernel's segment loop, outside its tile loops:
-    docs/kernel_report.md).
-    PV_F16 (the serving API's fp8 cache): P.V in f16, V^T's fragment converted exactly
-    from fp8 in registers (2 tokens x 4 dims per thread), P^T in f16: acc_c is (128 x rows), half
-    the fp8 form's (no P_hi / P_lo columns), so 8 warps hold 64 rows (h43).
-    SHARED_MAX (P^T in 16 bits): the row max crosses the warps and the rescale factors reach P.V's
-    rows through two small shared buffers, two barriers a tile where layout conversions take five
-    (h44c).
-    A bf16 cache (the API only): q stays bf16, S and P.V are bf16 wgmma, P^T is bf16 and V^T is
-    the ring slot read transposed by the MMA (_pv_tile_bf16); 72 KiB tiles, one program per SM.
-    More than one split: float32 partials (heads x dims) and lse per split, merged by _merge_row
-    (custom_kernel) or _mla_combine_kernel (the serving API, after _store_serving).
-    Bytes: 576 per KV token read once (tokens past the split are read but masked: p = 0; on pages
-    the last tile's values past the split are zeroed first, a page's tail may hold NaN; past the
-    cache TMA reads zeros); q; out; per split a 32 KiB float32 partial. A row whose indptr
-    entries reach outside the cache comes back NaN (_row_poison); on pages, a request whose length
-    or block ids are impossible."""
+def _tokens_as_m_smem(STAGES: gl.constexpr, NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+                      PV_F16: gl.constexpr = False):
+    """The shared memory of a tokens-as-M program: the ring (STAGES slots of a tile's four latent
+    boxes and its rope box, and their TMA barriers, initialised) and q in the MMA's type and P^T."""
     NUM_CHUNKS: gl.constexpr = LATENT // CHUNK
     KV_DTYPE: gl.constexpr = gl.float8e4nv if KV_FP8 else gl.bfloat16
-    MMA_K: gl.constexpr = 32 if KV_FP8 else 16  # the MMA's k per instruction: 32 bytes
     P_COLS: gl.constexpr = 2 * NUM_HEADS if KV_FP8 and not PV_F16 else NUM_HEADS  # fp8 P: two fp8 terms a row
     P_DTYPE: gl.constexpr = gl.float16 if PV_F16 else KV_DTYPE
-    gl.static_assert(KV_FP8 or not PV_F16, "PV_F16 is P.V over an fp8 cache")
-    SERVING: gl.constexpr = PAGE_SIZE > 0
-    gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
-    gl.static_assert(PAGE_SIZE == 0 or PAGE_SIZE % BLOCK_N == 0 or GATHER, "TMA reads a tile from one page")
-    ROWS: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])  # (heads x dims): q
-    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                                     instr_shape=[16, NUM_HEADS // (WARPS // 4), MMA_K])
-    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                     instr_shape=[16, P_COLS, 16 if PV_F16 else MMA_K])
-
-    # Prologue. Every global read it needs is issued before any of them is used: the scale, q and
-    # the indptrs; the first TMA issue waits for the indptrs only (one memory latency, h8). Decode
-    # has one query row per batch row: q is read at row `batch`, and a qo_indptr that says
-    # otherwise poisons the row (_row_poison, used only in the epilogue). TMA reads zeros outside
-    # the cache; the range is also cut to the cache's rows, so a row far outside it loops over no
-    # tiles. On pages each segment's schedule comes first (it names the request), then q and the
-    # first tiles' block ids.
-    pid0 = gl.program_id(0)
-    pid1 = gl.program_id(1)
-    if KV_SCALE_IN_TENSOR:
-        kv_scale = gl.load(KV_SCALE)
-    else:
-        kv_scale = kv_scale_value
-    if SERVING:
-        group = pid0
-        if SPANS:
-            spans, segments, request, tile_begin, total, used = _span_start(
-                CACHE_SEQLENS, pid1, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK,
-                BLOCK_N, WARPS)
-    else:
-        batch = pid0
-        split = pid1
-        q0, q1, q2, q3, qr = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
-        row_begin = gl.load(KV_INDPTR + batch)
-        row_end = gl.load(KV_INDPTR + batch + 1)
-        poison = _row_poison(QO_INDPTR, batch, row_begin, row_end, kv_rows)
-        kv_begin, kv_end = _split_bounds(row_begin, row_end, split, NUM_SPLITS, BLOCK_N)
-        kv_begin = gl.maximum(kv_begin, 0)
-        kv_end = gl.minimum(kv_end, kv_rows)
-        num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
-
     kv_latent = gl.allocate_shared_memory(KV_DTYPE, [STAGES * NUM_CHUNKS, BLOCK_N, CHUNK],
                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, CHUNK], KV_DTYPE))
     kv_rope = gl.allocate_shared_memory(KV_DTYPE, [STAGES, BLOCK_N, ROPE],  # the rope box's (hopper_boxes)
@@ -2402,65 +2991,15 @@ def _hopper_decode(
                                        gl.NVMMASharedLayout.get_default_for([NUM_HEADS, ROPE], KV_DTYPE))
     pt_smem = gl.allocate_shared_memory(P_DTYPE, [P_COLS, BLOCK_N],
                                         gl.NVMMASharedLayout.get_default_for([P_COLS, BLOCK_N], P_DTYPE))
-    exchange = None
-    factors = None
-    if SHARED_MAX:  # a tile's partial row maxima (rows x 4 token warps) and its rescale factors;
-        # one buffer each: the factors' barrier orders a tile's reads of `exchange` before the next tile's writes
-        gl.static_assert(P_COLS == NUM_HEADS, "P^T in 16 bits: one column a row")
-        exchange = gl.allocate_shared_memory(gl.float32, [NUM_HEADS, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        factors = gl.allocate_shared_memory(gl.float32, [NUM_HEADS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    return (kv_latent, kv_rope, loaded), (q_latent, q_rope, pt_smem)
 
-    if SERVING:
-        # Spans: one segment per request the program's span of the batch's tiles meets, the ring's
-        # barriers counting on across them (`consumed`: the tiles the earlier ones waited for).
-        # Chunks: one split of one request, in code of its own, so that nothing is held over a loop.
-        if SPANS and spans:  # a loop over the span's segments (NOTES.md h42)
-            consumed = 0
-            for segment in range(segments):
-                split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end = _span_segment(
-                    CACHE_SEQLENS, pid1, request, tile_begin, total, used, capacity, BLOCK_N)
-                if segment > 0:
-                    gl.thread_barrier()  # every warp is done with the ring and q of the segment before
-                consumed = _serve_segment(
-                    Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale,
-                    BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, request, True, group, split,
-                    num_splits, first_work, kv_begin, kv_end, seq_len, poison, consumed, sm_scale_log2, kv_rows,
-                    num_blocks, target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token,
-                    stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch,
-                    stride_lse_head, stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL,
-                    NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange,
-                    factors, GATHER, KV, stride_kv_row)
-                request += 1
-                tile_begin = tile_end
-        else:
-            request, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = _serving_work(
-                CACHE_SEQLENS, pid1, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
-                WARPS)
-            _serve_segment(
-                Q, lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, kv_scale, BLOCK_TABLE,
-                OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, request, request < batch_size, group, split,
-                num_splits, first_work, kv_begin, kv_end, seq_len, poison, 0, sm_scale_log2, kv_rows, num_blocks,
-                target_splits + batch_size, num_heads, q_len, stride_q_batch, stride_q_token, stride_q_head,
-                stride_bt, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                stride_lse_token, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE,
-                CHUNK, BLOCK_N, KV_FP8, ROWS, S_MMA, O_MMA, PV_F16, exchange, factors, GATHER, KV, stride_kv_row)
-        for ring_slot in gl.static_range(STAGES):
-            mbarrier.invalidate(loaded.index(ring_slot))
-    else:
-        acc0, acc1, acc2, acc3, running_max, row_sums, _ = _split_tiles(
-            lat_desc, rope_desc, kv_latent, kv_rope, loaded, q_latent, q_rope, pt_smem, q0, q1, q2, q3, qr, kv_scale,
-            kv_begin, kv_end, num_tiles, 0, 0, sm_scale_log2, kv_rows, 0, 0, 0, 0, 0, FP8_MAX, STAGES, WARPS,
-            PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA)
-        for ring_slot in gl.static_range(STAGES):
-            mbarrier.invalidate(loaded.index(ring_slot))
-        # Epilogue: the output row, or this split's partial and then the row's merge.
-        out_row = OUT + batch * stride_o_token
-        slot_id = batch * NUM_SPLITS + split
-        _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O,
-                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)
-        if NUM_SPLITS > 1:
-            _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS, NUM_SPLITS,
-                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)
+
+@gluon.jit
+def _release_ring(ring, STAGES: gl.constexpr):
+    """The ring's barriers invalidated, at the program's end."""
+    loaded = ring[2]
+    for ring_slot in gl.static_range(STAGES):
+        mbarrier.invalidate(loaded.index(ring_slot))
 
 
 @gluon.jit
@@ -2468,75 +3007,215 @@ def _mla_decode_fp8_hopper_kernel(
     Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, OUT, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
     sm_scale_log2, kv_rows, stride_q_token, stride_o_token,
     FP8_MAX: gl.constexpr, NUM_SPLITS: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-    COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, LATENT: gl.constexpr = 512,
-    ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
+    COOPERATIVE_MERGE: gl.constexpr = False, NUM_HEADS: gl.constexpr = 16, BLOCK_N: gl.constexpr = 64,
 ):
-    """_hopper_decode over custom_kernel's contiguous rows: grid (batch, NUM_SPLITS)."""
-    _hopper_decode(Q, lat_desc, rope_desc, KV_SCALE, QO_INDPTR, KV_INDPTR, 0, 0, OUT, 0, PARTIAL_O, PARTIAL_LSE,
-                   SPLIT_TICKETS, sm_scale_log2, 1.0, kv_rows, stride_q_token, stride_o_token, 0, 0, 0, 0, 0, 0, 0, 0,
-                   0, 0, 0, 0, 0, 0, 0, FP8_MAX, NUM_SPLITS, STAGES, WARPS, COOPERATIVE_MERGE, 0, False, True, 32, 1,
-                   NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N)
+    """custom_kernel's fp8 rows (contiguous, from kv_indptr) on Hopper. Grid (batch, NUM_SPLITS):
+    the 16 heads of row `batch`'s one query token x one equal split of its KV rows, the split merge
+    fused as in _mla_decode_kernel (same partials, lse and tickets; same results within rounding).
+    Decode has one query row per batch row: q is read at row `batch`, and a qo_indptr that says
+    otherwise poisons the row (_row_poison, used only in the epilogue), as does a KV range outside
+    the cache. TMA reads zeros outside the cache; the range is also cut to the cache's rows, so a
+    row far outside it loops over no tiles. Every global read the prologue needs is issued before
+    any of them is used: the scale, q and the indptrs; the first TMA issue waits for the indptrs
+    only (one memory latency)."""
+    LAYOUTS: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, kv_fp8=True, pv_f16=False)
+    ROWS: gl.constexpr = LAYOUTS[2]
+    batch = gl.program_id(0)
+    split = gl.program_id(1)
+    kv_scale = gl.load(KV_SCALE)
+    q = _load_q(Q, batch, stride_q_token, ROWS, NUM_HEADS, CHUNK, LATENT, ROPE)
+    row_begin = gl.load(KV_INDPTR + batch)
+    row_end = gl.load(KV_INDPTR + batch + 1)
+    poison = _row_poison(QO_INDPTR, batch, row_begin, row_end, kv_rows)
+    kv_begin, kv_end = _split_bounds(row_begin, row_end, split, NUM_SPLITS, BLOCK_N)
+    kv_begin = gl.maximum(kv_begin, 0)
+    kv_end = gl.minimum(kv_end, kv_rows)
+    num_tiles = gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N)
+
+    ring, q_and_p = _tokens_as_m_smem(STAGES, NUM_HEADS, BLOCK_N, True)
+    q_latent, q_rope, pt_smem = q_and_p
+    acc, running_max, row_sums, _ = _split_tiles(
+        (lat_desc, rope_desc), ring, (q_latent, q_rope, pt_smem, None, None), q, kv_scale, sm_scale_log2,
+        split=(kv_begin, kv_end, num_tiles, 0), pages=(0, kv_rows, 0), rows=None, FP8_MAX=FP8_MAX, STAGES=STAGES,
+        WARPS=WARPS, PAGE_SIZE=0, CAUSAL=False, NUM_HEADS=NUM_HEADS, BLOCK_N=BLOCK_N, KV_FP8=True, LAYOUTS=LAYOUTS)
+    _release_ring(ring, STAGES)
+
+    # Epilogue: the output row, or this split's partial and then the row's merge.
+    acc0, acc1, acc2, acc3 = acc
+    out_row = OUT + batch * stride_o_token
+    slot_id = batch * NUM_SPLITS + split
+    _store_split(acc0, acc1, acc2, acc3, running_max, row_sums, kv_scale, poison, out_row, PARTIAL_O,
+                 PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)
+    if NUM_SPLITS > 1:
+        _merge_row(PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS, out_row, batch, split, kv_scale, WARPS, NUM_SPLITS,
+                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)
+
+
+@gluon.jit
+def _serve_segment(cache, ring, staging, io, work, rows, sizes, strides, kv_scale, sm_scale_log2,
+                   FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                   CAUSAL: gl.constexpr, NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+                   LAYOUTS: gl.constexpr, PV_F16: gl.constexpr, GATHER: gl.constexpr):
+    """One split of a request on the serving API's pages (`work`: the request, whether it is one
+    (a work item past the last request reads and writes nothing), split `split` of num_splits,
+    tokens [kv_begin, kv_end), partial slots from first_work, the request's length and poison, and
+    `consumed`, the ring's tiles the program read before): q's rows, the tiles (_split_tiles), then
+    the request's rows or this split's partial (_store_serving). Returns consumed plus the tiles
+    read."""
+    Q, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS = io
+    request, live, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, consumed = work
+    group, num_heads, q_len = rows
+    kv_rows, num_blocks, slots = sizes
+    q_strides, stride_bt, out_strides = strides
+    stride_q_batch, stride_q_token, stride_q_head = q_strides
+    ROWS: gl.constexpr = LAYOUTS[2]
+    row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, gl.SliceLayout(1, ROWS))
+    q_request = Q + request.to(gl.int64) * stride_q_batch
+    q_rows = q_token * stride_q_token + head * stride_q_head
+    q_ok = row_ok & live
+    q = _load_q(q_request, row=0, stride_q_token=0, ROWS=ROWS, NUM_HEADS=NUM_HEADS, CHUNK=CHUNK, LATENT=LATENT,
+                ROPE=ROPE, rows=q_rows, row_ok=q_ok)
+    num_tiles = gl.where(live, gl.cdiv(gl.maximum(kv_end - kv_begin, 0), BLOCK_N), 0)
+    acc, running_max, row_sums, bad_blocks = _split_tiles(
+        cache, ring, staging, q, kv_scale, sm_scale_log2, (kv_begin, kv_end, num_tiles, consumed),
+        (BLOCK_TABLE + request.to(gl.int64) * stride_bt, kv_rows, num_blocks), (seq_len, group, num_heads, q_len),
+        FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, BLOCK_N, KV_FP8, LAYOUTS, PV_F16, GATHER)
+    if live:
+        _store_serving(acc, running_max, row_sums, kv_scale, poison + gl.where(bad_blocks != 0, float("nan"), 0.0),
+                       (OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS), (request, split, num_splits, first_work),
+                       rows, slots, out_strides, WARPS, NUM_HEADS, KV_FP8, PV_F16)
+    return consumed + num_tiles
+
+
+@gluon.jit
+def _serve_pages(
+    cache, KV_SCALE, io, schedule, sizes, strides, sm_scale_log2, kv_scale_value,
+    FP8_MAX: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    CAUSAL: gl.constexpr, KV_SCALE_IN_TENSOR: gl.constexpr, BATCH_BLOCK: gl.constexpr, MAX_SPLITS: gl.constexpr,
+    NUM_HEADS: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, SPANS: gl.constexpr,
+    PV_F16: gl.constexpr, SHARED_MAX: gl.constexpr, GATHER: gl.constexpr,
+):
+    """The serving API's pages, tokens as M: grid (row groups, work items); program (group, item)
+    takes the query rows (query token, head) group x NUM_HEADS ... of the requests its work item
+    names. The work items come from a schedule every program computes from cache_seqlens (no host
+    sync: a replayed graph follows new lengths): a chunk of one request each (_serving_work), or,
+    with SPANS and where _span_start's cost model takes them, one span of the batch's tiles each,
+    the program looping over the requests it meets (_span_segment; the ring's barriers count on
+    across them). Each segment's schedule comes first (it names the request), then q and the first
+    tiles' block ids. io: (Q, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS);
+    schedule: (CACHE_SEQLENS, batch size, block-table capacity in tokens, target splits, shortest
+    chunk); sizes: (kv_rows, num_blocks, num_heads, q_len); strides: (q's, the block table's, out's
+    and lse's)."""
+    gl.static_assert(KV_FP8 or not PV_F16, "PV_F16 is P.V over an fp8 cache")
+    gl.static_assert(BLOCK_N == 64, "the V operand layout and P.V token order assume 64-token tiles")
+    gl.static_assert(PAGE_SIZE % BLOCK_N == 0 or GATHER, "TMA reads a tile from one page")
+    CACHE_SEQLENS, batch_size, capacity, target_splits, min_chunk = schedule
+    kv_rows, num_blocks, num_heads, q_len = sizes
+    LAYOUTS: gl.constexpr = _tokens_as_m_layouts(NUM_HEADS, WARPS, KV_FP8, PV_F16)
+    group = gl.program_id(0)
+    item = gl.program_id(1)
+    if KV_SCALE_IN_TENSOR:
+        kv_scale = gl.load(KV_SCALE)
+    else:
+        kv_scale = kv_scale_value
+    if SPANS:
+        spans, segments, request, tile_begin, total, used = _span_start(
+            CACHE_SEQLENS, item, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
+            WARPS)
+    ring, q_and_p = _tokens_as_m_smem(STAGES, NUM_HEADS, BLOCK_N, KV_FP8, PV_F16)
+    q_latent, q_rope, pt_smem = q_and_p
+    if SHARED_MAX:  # a tile's partial row maxima (rows x 4 token warps) and its rescale factors (_split_tiles);
+        # one buffer each: the factors' barrier orders a tile's reads of `exchange` before the next tile's writes
+        gl.static_assert(PV_F16 or not KV_FP8, "P^T in 16 bits: one column a row")
+        exchange = gl.allocate_shared_memory(gl.float32, [NUM_HEADS, 4], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        factors = gl.allocate_shared_memory(gl.float32, [NUM_HEADS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        staging = (q_latent, q_rope, pt_smem, exchange, factors)
+    else:
+        staging = (q_latent, q_rope, pt_smem, None, None)
+    rows = (group, num_heads, q_len)
+    # Spans: one segment per request the program's span of the batch's tiles meets, the ring's
+    # barriers counting on across them (`consumed`: the tiles the earlier ones waited for).
+    # Chunks: one split of one request, in code of its own, so that nothing is held over a loop.
+    if SPANS and spans:
+        consumed = 0
+        for segment in range(segments):
+            split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end = _span_segment(
+                CACHE_SEQLENS, item, request, tile_begin, total, used, capacity, BLOCK_N)
+            if segment > 0:
+                gl.thread_barrier()  # every warp is done with the ring and q of the segment before
+            consumed = _serve_segment(
+                cache, ring, staging, io,
+                (request, True, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, consumed), rows,
+                (kv_rows, num_blocks, target_splits + batch_size), strides, kv_scale, sm_scale_log2, FP8_MAX, STAGES,
+                WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, BLOCK_N, KV_FP8, LAYOUTS, PV_F16, GATHER)
+            request += 1
+            tile_begin = tile_end
+    else:
+        request, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = _serving_work(
+            CACHE_SEQLENS, item, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N,
+            WARPS)
+        _serve_segment(
+            cache, ring, staging, io,
+            (request, request < batch_size, split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, 0),
+            rows, (kv_rows, num_blocks, target_splits + batch_size), strides, kv_scale, sm_scale_log2, FP8_MAX,
+            STAGES, WARPS, PAGE_SIZE, CAUSAL, NUM_HEADS, BLOCK_N, KV_FP8, LAYOUTS, PV_F16, GATHER)
+    _release_ring(ring, STAGES)
 
 
 @gluon.jit
 def _mla_decode_paged_hopper_kernel(
     Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
-    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
-    stride_lse_batch, stride_lse_head, stride_lse_token,
+    q_len, q_strides, stride_bt, out_strides,
     FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
-    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
+    BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False,
 ):
-    """_hopper_decode over the serving API's pages: grid (row groups, chunks plus one per request);
-    with SPANS, where a call takes spans, the first `used` programs of each group take a span each
-    and the rest exit. See mla_decode_with_kvcache, _span_start, _span_segment and _serving_work."""
-    _hopper_decode(Q, lat_desc, rope_desc, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_COUNTS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
-                   stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
-                   stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
-                   stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
-                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
-                   SPANS, PV_F16, SHARED_MAX)
+    """The serving API's pages of whole tiles (PAGE_SIZE 64 or 128), read by TMA (_serve_pages):
+    grid (row groups, chunks plus one per request); with SPANS, where a call takes spans, the first
+    `used` programs of each group take a span each and the rest exit."""
+    _serve_pages((lat_desc, rope_desc), KV_SCALE,
+                 (Q, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS),
+                 (CACHE_SEQLENS, batch_size, capacity, target_splits, min_chunk),
+                 (kv_rows, num_blocks, num_heads, q_len), (q_strides, stride_bt, out_strides), sm_scale_log2,
+                 kv_scale_value, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, KV_SCALE_IN_TENSOR, BATCH_BLOCK,
+                 MAX_SPLITS, NUM_HEADS, BLOCK_N, KV_FP8, SPANS, PV_F16, SHARED_MAX, False)
 
 
 @gluon.jit
 def _mla_decode_gathered_hopper_kernel(
     Q, KV, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
-    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
-    stride_lse_batch, stride_lse_head, stride_lse_token, stride_kv_row,
+    q_len, q_strides, stride_bt, out_strides, stride_kv_row,
     FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 16,
-    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
+    BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False,
 ):
     """_mla_decode_paged_hopper_kernel for pages shorter than a tile (PAGE_SIZE 1 ... 32): the cache
-    KV (blocks, PAGE_SIZE, 1, 576) read a row per token by cp.async (GATHER in _split_tiles), as
-    blocks x PAGE_SIZE rows stride_kv_row apart (a 16-byte multiple; blocks back to back:
-    tma_can_read)."""
+    KV (blocks, PAGE_SIZE, 1, 576) read a row per token by cp.async, as blocks x PAGE_SIZE rows
+    stride_kv_row apart (a 16-byte multiple; blocks back to back: tma_can_read)."""
     gl.static_assert(PAGE_SIZE < BLOCK_N, "pages of whole tiles take the TMA kernel")
-    _hopper_decode(Q, None, None, KV_SCALE, 0, 0, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O,
-                   PARTIAL_LSE, SPLIT_COUNTS, sm_scale_log2, kv_scale_value, kv_rows, stride_q_token,
-                   stride_o_token, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads, q_len,
-                   stride_q_batch, stride_q_head, stride_bt, stride_o_batch, stride_o_head, stride_lse_batch,
-                   stride_lse_head, stride_lse_token, FP8_MAX, 1, STAGES, WARPS, False, PAGE_SIZE, CAUSAL,
-                   KV_SCALE_IN_TENSOR, BATCH_BLOCK, MAX_SPLITS, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8,
-                   SPANS, PV_F16, SHARED_MAX, True, KV, stride_kv_row)
+    _serve_pages((KV, stride_kv_row), KV_SCALE,
+                 (Q, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS),
+                 (CACHE_SEQLENS, batch_size, capacity, target_splits, min_chunk),
+                 (kv_rows, num_blocks, num_heads, q_len), (q_strides, stride_bt, out_strides), sm_scale_log2,
+                 kv_scale_value, FP8_MAX, STAGES, WARPS, PAGE_SIZE, CAUSAL, KV_SCALE_IN_TENSOR, BATCH_BLOCK,
+                 MAX_SPLITS, NUM_HEADS, BLOCK_N, KV_FP8, SPANS, PV_F16, SHARED_MAX, True)
 
 
-# --- the serving API's caches with query rows as the MMA's M: the seesaw kernel -------------
+# --- Hopper: the seesaw kernel (query rows as M) ---------------------------------------------
 # After FlashMLA's "seesaw" schedule (its deep-dive document describes it; none of its code is used)
-# in Gluon over the fp8 cache, with P.V in fp8 (NOTES.md h50, h51), and over the bf16 cache on
-# 32-token tiles (h65): 64 query rows a program, two compute warpgroups, a tile each of every pair
-# of tiles (in step since h54: the pair's running max from both tiles' maxima), and a one-warp TMA
-# loader; the schedule, pages and partials of _hopper_decode's serving path.
+# in Gluon over the fp8 cache, with P.V in fp8, and over the bf16 cache on
+# 32-token tiles: 64 query rows a program, two compute warpgroups, a tile each of every pair
+# of tiles (in step: the pair's running max from both tiles' maxima), and a one-warp TMA
+# loader; the schedule, pages and partials of the tokens-as-M serving kernels.
 
-# A row's running max moves only where a tile passes it by more than this (log2 units, NOTES.md
-# h52): P <= 2^0.8, stored as 256 P <= 446 within e4m3's 448
+# A row's running max moves only where a tile passes it by more than this (log2 units): P <= 2^0.8,
+# stored as 256 P <= 446 within e4m3's 448
 SW_TAU = gl.constexpr(0.8)
 
 
@@ -2559,14 +3238,17 @@ def _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, ca
 
 
 @gluon.jit
-def _sw_loader(lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program, spans,
-               segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows, num_blocks, stride_bt,
-               STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,
-               CHUNK: gl.constexpr):
+def _sw_loader(cache, ring, tables, sched, sizes, stride_bt, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr,
+               BLOCK_N: gl.constexpr):
     """The loader warp: every tile of the program's segments, in order, into ring slot g % STAGES
     (g: the tile's number across segments) once both compute warpgroups released tile g - STAGES.
     A block id outside the cache is read at kv_rows (TMA reads zeros there); the compute
     warpgroups poison its request (_sw_compute)."""
+    lat_desc, rope_desc = cache
+    kv_latent, kv_rope, loaded, free = ring
+    CACHE_SEQLENS, BLOCK_TABLE = tables
+    program, spans, segments, request, tile_begin, total, used, chunk = sched
+    capacity, batch_size, kv_rows, num_blocks = sizes
     TILE_BYTES: gl.constexpr = BLOCK_N * (LATENT + kv_rope.shape[2]) * (kv_latent.dtype.primitive_bitwidth // 8)
     consumed = 0
     for _segment in range(segments):
@@ -2674,7 +3356,8 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG:
     NaN)."""
     BLOCK_N: gl.constexpr = kv_latent.shape[1]
     if real & (kv_begin + (tile + 1) * BLOCK_N > kv_end):
-        _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * BLOCK_N, 2, BLOCK_N, 128, 4)
+        _zero_tail(kv_latent, slot * 4 + 2 * WG, kv_end - kv_begin - tile * BLOCK_N, NUM_CHUNKS=2, BLOCK_N=BLOCK_N,
+                   CHUNK=128, WARPS=4)
         fence_async_shared()
         gl.thread_barrier()
     first = slot * 4 + 2 * WG
@@ -2683,25 +3366,30 @@ def _sw_pv(kv_latent, slot, tile, kv_begin, kv_end, real, p_buf, acc0, acc1, WG:
         acc0 = warpgroup_mma(kv_latent.index(first).permute((1, 0)), p_t, acc0, is_async=True)
         acc1 = warpgroup_mma(kv_latent.index(first + 1).permute((1, 0)), p_t, acc1, is_async=True)
     else:
-        acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, None, 4, O_MMA, 128, 4, True)
-        acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, None, 4, O_MMA, 128, 4, True)
+        acc0 = _pv_chunk(kv_latent.index(first), p_buf, acc0, correction2=None, WARPS=4, O_MMA=O_MMA, CHUNK=128,
+                         K_WIDTH=4, V_LDSM=True)
+        acc1 = _pv_chunk(kv_latent.index(first + 1), p_buf, acc1, correction2=None, WARPS=4, O_MMA=O_MMA, CHUNK=128,
+                         K_WIDTH=4, V_LDSM=True)
     return warpgroup_mma_wait(0, deps=(acc0, acc1))
 
 
 @gluon.jit
-def _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
-              request, group, split, slots, num_splits, first_work, num_heads, q_len, stride_o_batch, stride_o_token,
-              stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token, WG: gl.constexpr,
+def _sw_store(acc, m_run, l_s, l_o, kv_scale, poison, outs, work, rows, slots, out_strides, WG: gl.constexpr,
               KV_FP8: gl.constexpr = True):
     """_store_serving for warpgroup WG's 256 latent dims of the 64 rows: out and lse for a request
     of one split; otherwise its half of the split's float32 partial, and warpgroup 0 the split's lse
     (both warpgroups hold the same) and the request's split count, for _mla_combine_kernel. A bf16
     cache's accumulators (dims in order: V^T from shared memory) are stored from the MMA's
     layout."""
+    acc0, acc1 = acc
+    OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS = outs
+    request, split, num_splits, first_work = work
+    group, num_heads, q_len = rows
+    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
     if KV_FP8:
-        OUT_L: gl.constexpr = _output_layout(4, 64, False)
-        o0 = gl.convert_layout(_rows_to_dims(acc0, 4, True), OUT_L)
-        o1 = gl.convert_layout(_rows_to_dims(acc1, 4, True), OUT_L)
+        OUT_L: gl.constexpr = _output_layout(4, rows=64, pairs=False)
+        o0 = gl.convert_layout(_rows_to_dims(acc0, WARPS=4, V_LDSM=True), OUT_L)
+        o1 = gl.convert_layout(_rows_to_dims(acc1, WARPS=4, V_LDSM=True), OUT_L)
     else:
         o0 = acc0
         o1 = acc1
@@ -2743,15 +3431,12 @@ def _sw_running_max(m_smem, m_run):
 
 
 @gluon.jit
-def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded, free, tile_max,
-                pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, CACHE_SEQLENS, BLOCK_TABLE,
-                group, program, spans, segments, request, tile_begin, total, used, chunk, kv_scale, sm_scale_log2,
-                capacity, batch_size, num_blocks, num_heads, q_len, slots, q_strides, stride_bt, out_strides,
-                FP8_MAX: gl.constexpr, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr,
-                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):
+def _sw_compute(smem, bars, io, sched, scales, sizes, strides, FP8_MAX: gl.constexpr, STAGES: gl.constexpr,
+                PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
+                WG: gl.constexpr):
     """Compute warpgroup WG (4 warps) over the program's segments. Per segment: its 32 rows of q
     (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1), both
-    warpgroups in step (NOTES.md h54): S of tile 2j + WG, its row maxima exchanged through m_smem
+    warpgroups in step: S of tile 2j + WG, its row maxima exchanged through m_smem
     on tile_max (both take the pair's running max, SW_TAU's lazy one, and its one rescale factor),
     P (in the cache's type) published on pub[WG] into p_smem[WG] (released on done[WG] by the other
     warpgroup), then P.V of both tiles for latent dims [256 WG, 256 WG + 256); ring slots are released on free
@@ -2760,15 +3445,21 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
     nothing reads an unloaded slot. Row sums are kept per warpgroup and added through l_smem on
     `fin`, with a bad block id's NaN (each warpgroup checks its own tiles' ids). Barrier phases
     count pairs and segments across the program. A bf16 cache: tiles of BLOCK_N (32) tokens, q and P
-    in bf16, bf16 wgmma (NOTES.md h65)."""
+    in bf16, bf16 wgmma."""
     MMA_K: gl.constexpr = 32 if KV_FP8 else 16  # the MMA's k per instruction: 32 bytes
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, MMA_K])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, MMA_K])
     S_ROW: gl.constexpr = gl.SliceLayout(1, S_L)
     O_COL: gl.constexpr = gl.SliceLayout(0, O_MMA)
+    kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem = smem
+    loaded, free, tile_max, pub, done, fin, staged = bars
+    Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, CACHE_SEQLENS, BLOCK_TABLE = io
+    group, program, spans, segments, request, tile_begin, total, used, chunk = sched
+    kv_scale, sm_scale_log2 = scales
+    capacity, batch_size, num_blocks, num_heads, q_len, slots = sizes
+    q_strides, stride_bt, out_strides = strides
     stride_q_batch, stride_q_token, stride_q_head = q_strides
-    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token = out_strides
     tokens = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
     consumed = 0
     pairs = 0
@@ -2866,10 +3557,9 @@ def _sw_compute(kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m
         l_s = l_smem.slice(0, 64).load(S_ROW) + l_smem.slice(64, 64).load(S_ROW)
         l_o = l_smem.slice(0, 64).load(O_COL) + l_smem.slice(64, 64).load(O_COL)
         if live:
-            _sw_store(acc0, acc1, m_run, l_s, l_o, kv_scale, poison, OUT, LSE, PARTIAL_O, PARTIAL_LSE,
-                      SPLIT_COUNTS, request, group, split, slots, num_splits, first_work, num_heads, q_len,
-                      stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
-                      stride_lse_token, WG, KV_FP8)
+            _sw_store((acc0, acc1), m_run, l_s, l_o, kv_scale, poison, (OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS),
+                      (request, split, num_splits, first_work), (group, num_heads, q_len), slots, out_strides, WG,
+                      KV_FP8)
         request += 1
         tile_begin = tile_end
 
@@ -2902,26 +3592,25 @@ def _sw_barriers(STAGES: gl.constexpr):
 def _mla_decode_seesaw_kernel(
     Q, lat_desc, rope_desc, KV_SCALE, CACHE_SEQLENS, BLOCK_TABLE, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
     sm_scale_log2, kv_scale_value, kv_rows, num_blocks, capacity, batch_size, target_splits, min_chunk, num_heads,
-    q_len, stride_q_batch, stride_q_token, stride_q_head, stride_bt, stride_o_batch, stride_o_token, stride_o_head,
-    stride_lse_batch, stride_lse_head, stride_lse_token,
+    q_len, q_strides, stride_bt, out_strides,
     FP8_MAX: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 64,
-    LATENT: gl.constexpr = 512, ROPE: gl.constexpr = 64, CHUNK: gl.constexpr = 128, BLOCK_N: gl.constexpr = 64,
-    SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False, SHARED_MAX: gl.constexpr = False,
+    BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False,
 ):
-    """The serving API's caches on pages of whole tiles with query rows as the MMA's M (NOTES.md
-    h51): grid and schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x
-    chunks, or spans), the same partials and split counts for _mla_combine_kernel (each
-    warpgroup stores its half of the dims). The parent region computes the schedule and forks:
-    compute warpgroups 0 and 1 (_sw_compute: a tile each of every pair, in step; for an fp8 cache S
-    and P.V in fp8 wgmma, P as 256 P in fp8; h54) and a loader warp (_sw_loader). Shared memory:
-    STAGES x 36 KiB of ring, 36 KiB of q, 8 KiB of P. A bf16 cache (KV_FP8 off, NOTES.md h65):
-    32-token tiles, so that STAGES (4) slots of 36 KiB fit beside 72 KiB of bf16 q and 8 KiB of
-    bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by the MMA."""
+    """The serving API's caches on pages of whole tiles with query rows as the MMA's M: grid and
+    schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x chunks, or spans),
+    the same partials and split counts for _mla_combine_kernel (each warpgroup stores its half of
+    the dims). The parent region computes the schedule and forks: compute warpgroups 0 and 1
+    (_sw_compute: a tile each of every pair, in step; for an fp8 cache S and P.V in fp8 wgmma, P as
+    256 P in fp8) and a loader warp (_sw_loader). Shared memory: STAGES x 36 KiB of ring, 36 KiB of
+    q, 8 KiB of P. A bf16 cache (KV_FP8 off): 32-token tiles, so that STAGES (4) slots of 36 KiB fit
+    beside 72 KiB of bf16 q and 8 KiB of bf16 P; S and P.V in bf16 wgmma, V^T read from the slot by
+    the MMA."""
     gl.static_assert(not PV_F16 and NUM_HEADS == 64 and WARPS == 4, "64 rows, 4 warps")
-    gl.static_assert(BLOCK_N == (64 if KV_FP8 else 32) and CHUNK == 128 and LATENT == 512
-                     and PAGE_SIZE % BLOCK_N == 0, "tiles of 64 (fp8) or 32 (bf16) tokens of one page")
+    gl.static_assert(BLOCK_N == (64 if KV_FP8 else 32) and PAGE_SIZE % BLOCK_N == 0,
+                     "tiles of 64 (fp8) or 32 (bf16) tokens of one page")
     group = gl.program_id(0)
     program = gl.program_id(1)
     if KV_SCALE_IN_TENSOR:
@@ -2964,36 +3653,123 @@ def _mla_decode_seesaw_kernel(
     mbarrier.init(staged, count=2)
     # Triton 3.6 reads the descriptors' metadata from the parent region and crashes where they
     # have no use there: one copy that never runs
-    _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(0), 0, 0, False,
-               BLOCK_N * 576 * (KV_DTYPE.primitive_bitwidth // 8), 4, 128, 512)
+    _load_tile(lat_desc, rope_desc, kv_latent, kv_rope, loaded.index(0), slot=0, token=0, pred=False,
+               TILE_BYTES=BLOCK_N * 576 * (KV_DTYPE.primitive_bitwidth // 8), NUM_CHUNKS=4, CHUNK=128, LATENT=512)
     gl.thread_barrier()
-    q_strides = (stride_q_batch, stride_q_token, stride_q_head)
-    out_strides = (stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token)
-    slots = target_splits + batch_size
+    smem = (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem)
+    bars = (loaded, free, tile_max, pub, done, fin, staged)
+    io = (Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, CACHE_SEQLENS, BLOCK_TABLE)
+    sched = (group, program, spans, segments, request, tile_begin, total, used, chunk)
+    sizes = (capacity, batch_size, num_blocks, num_heads, q_len, target_splits + batch_size)
+    strides = (q_strides, stride_bt, out_strides)
     gl.warp_specialize([
-        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
-                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
-                       CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
-                       used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
-                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, BLOCK_N,
-                       KV_FP8, 0)),
-        (_sw_compute, (kv_latent, kv_rope, q_latent, q_rope, q_scale, p_smem, c_smem, m_smem, l_smem, loaded,
-                       free, tile_max, pub, done, fin, staged, Q, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS,
-                       CACHE_SEQLENS, BLOCK_TABLE, group, program, spans, segments, request, tile_begin, total,
-                       used, chunk, kv_scale, sm_scale_log2, capacity, batch_size, num_blocks, num_heads, q_len,
-                       slots, q_strides, stride_bt, out_strides, FP8_MAX, STAGES, PAGE_SIZE, CAUSAL, BLOCK_N,
-                       KV_FP8, 1)),
-        (_sw_loader, (lat_desc, rope_desc, kv_latent, kv_rope, loaded, free, CACHE_SEQLENS, BLOCK_TABLE, program,
-                      spans, segments, request, tile_begin, total, used, chunk, capacity, batch_size, kv_rows,
-                      num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK))],
+        (_sw_compute, (smem, bars, io, sched, (kv_scale, sm_scale_log2), sizes, strides, FP8_MAX, STAGES, PAGE_SIZE,
+                       CAUSAL, BLOCK_N, KV_FP8, 0)),
+        (_sw_compute, (smem, bars, io, sched, (kv_scale, sm_scale_log2), sizes, strides, FP8_MAX, STAGES, PAGE_SIZE,
+                       CAUSAL, BLOCK_N, KV_FP8, 1)),
+        (_sw_loader, ((lat_desc, rope_desc), (kv_latent, kv_rope, loaded, free), (CACHE_SEQLENS, BLOCK_TABLE),
+                      (program, spans, segments, request, tile_begin, total, used, chunk),
+                      (capacity, batch_size, kv_rows, num_blocks), stride_bt, STAGES, PAGE_SIZE,
+                      BLOCK_N))],
         [4, 1], [240, 32])
 
 
+# --- Hopper: the combine kernel (the serving kernels' split requests merged) -----------------
+@_constexpr_function
+def _split_lse_layout(rows, warps):
+    """(splits x rows) of partial lse: rows over the lanes (past 32, also in registers), splits over
+    the remaining lanes and the warps."""
+    lanes = min(rows, 32)
+    return gl.BlockedLayout([1, rows // lanes], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
+@gluon.jit
+def _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                WARPS: gl.constexpr):
+    """The base-2 lse of the merged rows from their splits' (-inf for a row with nothing attended)."""
+    LAYOUT: gl.constexpr = _split_lse_layout(NUM_HEADS, WARPS)
+    splits = gl.expand_dims(gl.arange(0, MAX_SPLITS, layout=gl.SliceLayout(1, LAYOUT)), 1)
+    heads = gl.expand_dims(gl.arange(0, NUM_HEADS, layout=gl.SliceLayout(0, LAYOUT)), 0)
+    lse = gl.load(PARTIAL_LSE + (first_slot + splits) * NUM_HEADS + heads, mask=splits < num_splits,
+                  other=float("-inf"), cache_modifier=".cg")
+    top = gl.max(lse, 0)
+    top = gl.where(top == float("-inf"), 0.0, top)
+    return top + gl.log2(gl.sum(gl.exp2(lse - gl.expand_dims(top, 0)), 0))
+
+
+@_constexpr_function
+def _serving_merge_slice(latent, splits, rows, warps, dims):
+    """Latent dims _merge_serving merges at once: 64 floats of partials per thread (16 rows at 4
+    warps, 32 at 8: latent / splits dims; twice the rows per thread: half as many dims), at most
+    the `dims` it merges."""
+    return min(dims, latent // splits // max(1, rows // (4 * warps)))
+
+
+@gluon.jit
+def _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                   WARPS: gl.constexpr, SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr, LATENT: gl.constexpr,
+                   DIMS: gl.constexpr):
+    """Latent dims [dim0, dim0 + DIMS) of the request's rows merged from its num_splits (<= SPLITS)
+    splits."""
+    SLICE: gl.constexpr = _serving_merge_slice(LATENT, SPLITS, NUM_HEADS, WARPS, DIMS)
+    for dim_begin in range(dim0, dim0 + DIMS, SLICE):
+        _merge_slice(PARTIAL_O, PARTIAL_LSE, out_base, first_slot, dim_begin, kv_scale, WARPS, SPLITS, SLICE,
+                     NUM_HEADS, LATENT, num_splits, rows, row_ok)
+
+
+@gluon.jit
+def _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, lse_rows, row_ok, first_slot, num_splits, kv_scale,
+                   dim0, WARPS: gl.constexpr, MAX_SPLITS: gl.constexpr, NUM_HEADS: gl.constexpr,
+                   LATENT: gl.constexpr, DIMS: gl.constexpr):
+    """A request's rows of out, dims [dim0, dim0 + DIMS), from its num_splits partials in slots
+    first_slot ...: _merge_serving in the layout of the smallest split-count class that holds them
+    (4, 8 or MAX_SPLITS), then, by the part that holds dim 0, the merged lse."""
+    if num_splits <= 4:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, 4, NUM_HEADS, LATENT, DIMS)
+    elif num_splits <= 8:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, 8, NUM_HEADS, LATENT, DIMS)
+    else:
+        _merge_serving(PARTIAL_O, PARTIAL_LSE, out_base, out_rows, row_ok, first_slot, num_splits, kv_scale, dim0,
+                       WARPS, MAX_SPLITS, NUM_HEADS, LATENT, DIMS)
+    if dim0 == 0:
+        merged = _merged_lse(PARTIAL_LSE, first_slot, num_splits, MAX_SPLITS, NUM_HEADS, WARPS)
+        gl.store(lse_rows, _natural_lse(gl.convert_layout(merged, row_ok.type.layout)), mask=row_ok)
+
+
+@gluon.jit
+def _mla_combine_kernel(PARTIAL_O, PARTIAL_LSE, SPLIT_COUNTS, KV_SCALE, OUT, LSE, kv_scale_value, slots, num_heads,
+                        q_len, stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                        stride_lse_token, NUM_HEADS: gl.constexpr, MAX_SPLITS: gl.constexpr, DIMS: gl.constexpr,
+                        WARPS: gl.constexpr, KV_SCALE_IN_TENSOR: gl.constexpr, LATENT: gl.constexpr = 512):
+    """The serving API's merge of split requests, after the Hopper kernel (FlashMLA's combine step
+    too): program (request, row group, part) merges dims [part x DIMS, part x DIMS + DIMS) of the
+    group's NUM_HEADS rows from the request's partials, where its split count (SPLIT_COUNTS, written
+    by the kernel before) is above one; a request of one split was written whole by the kernel.
+    Spread over the grid, a request's merge costs one memory latency per part, where the split that
+    finished last took them one after the other."""
+    request = gl.program_id(0)
+    group = gl.program_id(1)
+    num_splits = gl.load(SPLIT_COUNTS + 2 * request + 1)
+    if num_splits > 1:
+        first_slot = group * slots + gl.load(SPLIT_COUNTS + 2 * request)
+        kv_scale = gl.load(KV_SCALE) if KV_SCALE_IN_TENSOR else kv_scale_value
+        ROW_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        row_ok, q_token, head = _serving_rows(group, num_heads, q_len, NUM_HEADS, ROW_LAYOUT)
+        out_base = OUT + request.to(gl.int64) * stride_o_batch
+        lse_rows = LSE + request.to(gl.int64) * stride_lse_batch + head * stride_lse_head + q_token * stride_lse_token
+        _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, q_token * stride_o_token + head * stride_o_head, lse_rows,
+                       row_ok, first_slot, num_splits, kv_scale, gl.program_id(2) * DIMS, WARPS, MAX_SPLITS,
+                       NUM_HEADS, LATENT, DIMS)
+
+
+# --- Hopper: host side (descriptors, residency, custom_kernel's route, compile plans) --------
 def hopper_boxes(dtype="fp8e4nv", latent_3d=False, tokens=64):
     """The TMA boxes of an fp8 ("fp8e4nv") or a bf16 ("bf16") cache: (latent box, its shared
     layout, the rope box's layout). The latent box is (64 tokens, 128 dims), one copy per chunk
     (custom_kernel's rows), or with latent_3d (boxes, 64 tokens, 128 bytes of dims: 128 fp8 or 64
-    bf16), one copy a tile, each box 128-byte swizzled (the paged kernel, NOTES.md h44e). The rope
+    bf16), one copy a tile, each box 128-byte swizzled (the paged kernel). The rope
     box is (64 tokens, 64 rope dims). `tokens`: the tile's tokens where not 64 (the bf16 seesaw's 32)."""
     element = gl.float8e4nv if dtype == "fp8e4nv" else gl.bfloat16
     if latent_3d:
@@ -3049,7 +3825,7 @@ def hopper_shared_bytes_bound(num_stages, element_bytes=1, rows=NUM_HEADS):
     """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 elements per
     slot), q (rows x 576), P^T (64 tokens x 2 bytes per row: fp8 hi and lo, f16 or bf16), the
     barriers and 24 KiB for the compiler's scratch (the span schedule's epilogue cannot reuse the
-    ring's space, which lives across its segment loop: NOTES.md h42; tests/test_kernel_report.py
+    ring's space, which lives across its segment loop; tests/test_kernel_report.py
     checks the sm_90 compile stays under it); element_bytes 2 for a bf16 cache; rows: query rows
     per program."""
     return (element_bytes * (num_stages * 64 * QK_HEAD_DIM + rows * QK_HEAD_DIM) + 2 * rows * 64
@@ -3133,7 +3909,7 @@ def _hopper_leading_signature(dtype="fp8e4nv", latent_3d=False, tokens=64):
 def hopper_paged_compile_plan(params, fp8_dtype, page_sizes=(16, 64), causal=(False, True), batch=128,
                               caches=("fp8e4nv", "bf16")):
     """The serving API's Hopper kernels (sm_90 only), for page sizes (16: the gathered kernel, 64:
-    TMA; hopper_paged_kernel), causal masks on and off, an
+    TMA; serving_route's choice), causal masks on and off, an
     fp8 cache with a tensor k_scale and a bf16 one (only params["kv"]'s where given, as
     tools/kernel_report.py gives a serving row's), params' rows (16 where absent), warps and ring
     slots; a plan like the route tables'."""
@@ -3163,10 +3939,10 @@ def _combine_plan(rows):
             "num_warps": constexprs["WARPS"], "num_stages": 1}
 
 
-def _hopper_paged_signature(cache, page, tokens=64):
-    """The signature of hopper_paged_kernel(page): TMA descriptors (of `tokens`-token tiles), or the
-    cache and its row stride."""
-    if hopper_paged_kernel(page) is _mla_decode_gathered_hopper_kernel:
+def _hopper_paged_signature(kernel, cache, tokens=64):
+    """The signature of a Hopper serving kernel: TMA descriptors (of `tokens`-token tiles), or, for the
+    gathered kernel, the cache and its row stride."""
+    if kernel is _mla_decode_gathered_hopper_kernel:
         leading = {"Q": "*bf16", "KV": f"*{cache}", "KV_SCALE": "*fp32"}
         gathered = ("stride_kv_row",)
     else:
@@ -3176,18 +3952,10 @@ def _hopper_paged_signature(cache, page, tokens=64):
         "CACHE_SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32",
         "PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "sm_scale_log2": "fp32", "kv_scale_value": "fp32",
         **{name: "i32" for name in (
-            "kv_rows", "num_blocks", "capacity", "batch_size", "target_splits", "min_chunk", "num_heads", "q_len",
-            "stride_q_batch", "stride_q_token", "stride_q_head", "stride_bt", "stride_o_batch", "stride_o_token",
-            "stride_o_head", "stride_lse_batch", "stride_lse_head", "stride_lse_token") + gathered},
+            "kv_rows", "num_blocks", "capacity", "batch_size", "target_splits", "min_chunk", "num_heads", "q_len")},
+        "q_strides": ("i32",) * 3, "stride_bt": "i32", "out_strides": ("i32",) * 6,
+        **{name: "i32" for name in gathered},
     }
-
-
-def hopper_paged_kernel(page_size, params=None):
-    """The Hopper kernel of a serving page size and route row params: TMA over pages of whole
-    tiles (the seesaw kernel where the row asks for it), cp.async below."""
-    if page_size < 64:
-        return _mla_decode_gathered_hopper_kernel
-    return _mla_decode_seesaw_kernel if (params or {}).get("seesaw") else _mla_decode_paged_hopper_kernel
 
 
 def hopper_row_constexprs(params):
@@ -3201,8 +3969,12 @@ def hopper_row_constexprs(params):
 def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
     plan = []
     tokens = params.get("block_n", 64)
+    kv = "fp8" if cache == "fp8e4nv" else "bf16"
+    row = {"kv": kv, "route": "hopper_paged", "params": params}
     for page in page_sizes:
-        kernel, signature = hopper_paged_kernel(page, params), _hopper_paged_signature(cache, page, tokens)
+        shape = PlanShape(batch, 1, params.get("rows", SERVING_ROWS), page, kv, False)
+        kernel = serving_route(shape, None, page, table=[row], here=False).kernel  # the launch's choice
+        signature = _hopper_paged_signature(kernel, cache, tokens)
         plan += [{
             "kernel": kernel, "targets": ["sm90"], "signature": signature,
             "constexprs": {**keyword_defaults(kernel), "FP8_MAX": FP8_MAX[torch.float8_e4m3fn],
@@ -3225,9 +3997,9 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
 #   aiter_a8w8_persistent   mla_decode_stage1_asm_fwd + mla_reduce_v1 called directly over a work
 #                           plan from get_mla_metadata_v1, the fp8 KV seen as pages, fp8 q
 #   aiter_a16w8_persistent  the same calls with bf16 q over the fp8 KV (aiter's a16w8 kernel)
-# and, for the serving API (AITER_SERVING_TABLE), aiter_serving_fp8 / aiter_serving_bf16 /
-# aiter_serving_a8w8_persistent over aiter's CSR form of a block table (aiter_serving_csr;
-# NOTES.md h37, h47).
+# and, for the serving API (SERVING_ROUTE_TABLE's aiter rows), aiter_serving_fp8 /
+# aiter_serving_bf16 / aiter_serving_a8w8_persistent over aiter's CSR form of a block table
+# (aiter_serving_csr).
 # aiter's API drifts (docs/runner.md, "Which aiter versions the file was checked against": the
 # runner's f3be04a12 and v0.1.20 of 2026-08-22, read, and every generation between them in the test
 # double). The rule: the compiled ops' parameter lists (stage 1, the reduce) and the metadata
@@ -3395,7 +4167,6 @@ except Exception as exc:  # not installed, a broken install, or an API this file
     _reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
     print(f"submission.py: aiter routes off ({_reason}); using the portable Triton routes",
           file=sys.stderr)
-
 # Module caches. Each key holds everything its object depends on. The runner keeps the module for
 # all cases of a mode; the keys are per shape, so they stay small. No output is ever cached: each
 # call returns a fresh tensor (a caller may keep earlier results).
@@ -3550,7 +4321,7 @@ def aiter_bf16_route(q, kv_data, qo_indptr, kv_indptr, config):
     """bf16 q over the bf16 cache through mla_decode_fwd, page size 1; aiter picks the splits."""
     kv = _contiguous_kv("aiter_bf16", 'kv_data["bf16"]', kv_data["bf16"])
     batch, total_kv = qo_indptr.shape[0] - 1, kv.shape[0]
-    tables = page_tables(batch, total_kv, None, 1, q.device)
+    tables = page_tables(batch, total_kv, kv_seq_len=None, page_size=1, device=q.device)
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     mla_decode_fwd(q, kv.view(total_kv, 1, NUM_KV_HEADS, QK_HEAD_DIM), out, qo_indptr, kv_indptr,
                    tables.kv_page_ids, tables.kv_last_page_lens, config["q_seq_len"],
@@ -3564,7 +4335,7 @@ def aiter_fp8_route(q, kv_data, qo_indptr, kv_indptr, config, q_scale="tensor"):
     kv, kv_scale = kv_data["fp8"]
     kv = _contiguous_kv("aiter_fp8", 'kv_data["fp8"]', kv)
     batch, total_kv = qo_indptr.shape[0] - 1, kv.shape[0]
-    tables = page_tables(batch, total_kv, None, 1, q.device)
+    tables = page_tables(batch, total_kv, kv_seq_len=None, page_size=1, device=q.device)
     q_fp8, q_scale_tensor = quantize_q_fp8(q, kv.dtype, q_scale)
     out = torch.empty(q.shape[0], NUM_HEADS, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     mla_decode_fwd(q_fp8, kv.view(total_kv, 1, NUM_KV_HEADS, QK_HEAD_DIM), out, qo_indptr,
@@ -3631,7 +4402,7 @@ def aiter_a16w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_
 
 
 # ---------------------------------------------------------------------------------------------
-# The serving API on aiter (NOTES.md h37). AITER_SERVING_TABLE (Serving API section) says which
+# The serving API on aiter. SERVING_ROUTE_TABLE's aiter rows say which
 # plan shapes these serve; every other shape stays on the portable Triton kernel. What they rely
 # on in aiter's source (ROCm/aiter f3be04a12 and e4048607a; docs/api.md, "What serves a call"):
 # - the 16-head q-length-1 decode kernels of gfx950 have no paged build (hsa/gfx950/mla/
@@ -3651,14 +4422,14 @@ def aiter_a16w8_persistent_route(q, kv_data, qo_indptr, kv_indptr, config, page_
 # The persistent a8w8 path (metadata, stage 1 over the work plan, mla_reduce_v1) is served where
 # stage 1 takes an `lse` that its lse builds write for the requests whose work is one partial
 # (the reduce writes the split ones': final_lse): not at f3be04a12 (no such parameter; the reduce
-# skips groups of one partial), from ff61bb3997 on (NOTES.md h47). Not a16w8: no lse build at any
+# skips groups of one partial), from ff61bb3997 on. Not a16w8: no lse build at any
 # version.
 # ---------------------------------------------------------------------------------------------
 
 
 def aiter_capabilities(stage1_names, reduce_names):
     """What an aiter whose stage 1 and mla_reduce_v1 take these parameter names can do beyond
-    calling its functions, as far as its API tells (a frozenset of names AITER_SERVING_TABLE's
+    calling its functions, as far as its API tells (a frozenset of names SERVING_ROUTE_TABLE's
     "needs" use). All need mla_reduce_v1's num_kv_splits (ff61bb3997, 2026-06-11), the first API
     change after the kernels they rely on that this file can read; an aiter between is treated as
     without (Triton serves):
@@ -3669,7 +4440,7 @@ def aiter_capabilities(stage1_names, reduce_names):
       64 and 128 heads have lse builds (ce27de0132 2026-03-26 for 16; all three at ff61bb3997);
     - "persistent_lse_32_heads": stage 1 also takes valid_split_count (c2f68ab382, 2026-06-26):
       the 32-head one's lse build is there (9d0d5e7c77, 2026-06-22).
-    Which head counts each route serves: AITER_SERVING_TABLE's "heads" (NOTES.md h37a, h47)."""
+    Which head counts each route serves: SERVING_ROUTE_TABLE's "heads"."""
     if "num_kv_splits" not in reduce_names:
         return frozenset()
     names = {"decode_lse", "fp8_8_heads"}
@@ -3884,13 +4655,16 @@ TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": t
                         "hopper_fp8": hopper_fp8_compile_plan, "hopper_paged": hopper_paged_compile_plan,
                         "triton_paged": triton_paged_compile_plan}
 
+
+SERVING_ROUTES = ({"triton_paged"} | ({"hopper_paged"} if HOPPER else set())  # the serving routes that exist here
+                  | (set(AITER_SERVING_ROUTES) if HAVE_AITER else set()))
 # What each route reads and how it is judged, for every route name a table may hold:
 #   kv_format: the kv_data entry it reads; q_format: how it rounds q before Q.K ("fp8": to fp8,
 #       "bf16": kept), or q_format_param (parameter, {value: format}) where a parameter decides;
 #   rel_l2_bound: the strict bound on its relative L2 error against float64 attention over the bf16
 #       cache on the runner's randn data (eval.py --strict, the GPU tests). fp8 q with the fp8
 #       cache is the reference's own arithmetic: 0.06 sits above its error at every shape; bf16 q
-#       with the fp8 cache errs less (0.05); the mxfp4 format alone costs 6-15% (0.2) (NOTES.md h28);
+#       with the fp8 cache errs less (0.05); the mxfp4 format alone costs 6-15% (0.2);
 #   kernel_params: the parameters that pick the compiled kernel (the race does not start a
 #       candidate again in a later row when a candidate with the same route and these values
 #       died, hung or raised; aiter's kernels are chosen by dtypes, so only the page size counts);
@@ -3945,716 +4719,87 @@ def run_candidate(candidate, data, total_kv):
     check_kv_format(data[1], ROUTE_INFO[candidate["route"]]["kv_format"], total_kv, data[0].device)
     return ROUTES[candidate["route"]](*data, **candidate["params"])
 
-# =============================================================================================
-# Route tables (data)
-# Lists of rows {"max_batch", "max_kv_len", "route", "params"[, "candidates"]}. A row matches a
-# call when batch <= max_batch and kv_len <= max_kv_len (None: no bound), kv_len = total_kv //
-# batch. The first matching row whose preconditions hold wins (row_preconditions_hold):
-#   - a paged row (params["page_size"] > 1) needs lengths declared uniform and a multiple of it;
-#   - a route absent here (ROUTE_INFO "portable": False, e.g. hopper_fp8 off sm_90) skips the
-#     row: the next row for the same shapes, a portable one, serves them.
-# The last row of each table matches everything and always holds (the catch-all).
-# "candidates": further configurations the candidate race measures for the row (section
-# "Candidate race"); the row's own route and params are its first candidate.
-# AITER_ROUTE_TABLE: every row reads every token, so page size 1 everywhere (the runner's
-# reference's own setting). A page > 1 row may come back only after a strict check on an MI355X
-# shows it right (docs/runner.md, "Page size": aiter's q-length-1 fp8 persistent kernel has no
-# paged build and most likely reads one token per page, which the runner's loose check passes).
-# Nothing in it has run on an MI355X. Its catch-all is the reference's configuration (persistent,
-# page 1, 32 splits, per-tensor q scale): right for any lengths.
-# Parameters shared by routes: num_splits = KV splits per batch row (aiter's persistent plan: at
-# most that many); q_scale (aiter routes) = how bf16 q becomes fp8: "tensor" max|q| / fp8 max like
-# the reference, right for any q; "unit" q.to(fp8) with scale 1, right only while max|q| <= the
-# fp8 max (448 e4m3fn, 240 e4m3fnuz; the runner's q is randn).
-# tune.py --write and tools/freeze_race_log.py rewrite the literals between the markers: keep
-# them plain literals.
-# =============================================================================================
-# BEGIN ROUTE TABLES
-AITER_ROUTE_TABLE = [
-    {"max_batch": 4, "max_kv_len": 1024, "route": "aiter_bf16", "params": {},
-     "candidates": [
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 8, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 32, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "aiter_bf16", "params": {}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": 64, "max_kv_len": 1024, "route": "aiter_fp8", "params": {"q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": 256, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 1, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 1, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": None, "max_kv_len": 1024, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-    {"max_batch": 4, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 32, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 16}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 32}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 32, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 32, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 4}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 4, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": 64, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": 256, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"},
-     "candidates": [
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 4, "q_scale": "unit"}},
-         {"route": "aiter_a8w8_persistent",
-          "params": {"page_size": 1, "num_splits": 16, "q_scale": "unit"}},
-         {"route": "aiter_a16w8_persistent", "params": {"page_size": 1, "num_splits": 8}},
-         {"route": "aiter_fp8", "params": {"q_scale": "unit"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "e4m3"}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 2,
-                     "qk_dot_scaled": "none"}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 8, "num_stages": 3}},
-         {"route": "triton_mxfp4",
-          "params": {"num_splits": 2, "block_n": 128, "num_warps": 4, "num_stages": 3,
-                     "qk_dot_scaled": "e4m3"}},
-     ]},
-    {"max_batch": None, "max_kv_len": 8192, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 8, "q_scale": "unit"}},
-    {"max_batch": None, "max_kv_len": None, "route": "aiter_a8w8_persistent",
-     "params": {"page_size": 1, "num_splits": 32, "q_scale": "tensor"}},
-]
-TRITON_ROUTE_TABLE = [
-    {"max_batch": 4, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 4, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 8, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 32, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 32, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 64, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 2, "num_warps": 4, "num_stages": 3},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 1, "num_warps": 4, "num_stages": 3}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 3}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 64, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 256, "max_kv_len": 1024, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 256, "max_kv_len": 1024, "route": "triton_fp8",
-     "params": {"num_splits": 1, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 4, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 32, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 64, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 4, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 32, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 32, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 16, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 32, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 4, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 64, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 4, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 8, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 64, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": 256, "max_kv_len": 8192, "route": "hopper_fp8",
-     "params": {"num_splits": 1, "num_warps": 4, "num_stages": 2},
-     "candidates": [
-         {"route": "hopper_fp8",
-          "params": {"num_splits": 2, "num_warps": 4, "num_stages": 2}},
-         {"route": "triton_fp8",
-          "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3}},
-     ]},
-    {"max_batch": 256, "max_kv_len": 8192, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-    {"max_batch": None, "max_kv_len": None, "route": "triton_fp8",
-     "params": {"num_splits": 2, "block_n": 64, "num_warps": 8, "num_stages": 3,}},
-]
-# END ROUTE TABLES
 
 # =============================================================================================
-# Router and custom_kernel
+# The serving API's plan and launches (mla_decode_with_kvcache's plan -> launch)
 # =============================================================================================
-LAST_ROUTE = None  # route_label of the candidate the last call ran (eval.py shows it)
-LAST_CANDIDATE = None  # that candidate, {"route", "params"} (read it, do not modify it)
 
 
-def active_route_table():
-    return AITER_ROUTE_TABLE if HAVE_AITER else TRITON_ROUTE_TABLE
+def _prepare_call(plan, shape, q, k_cache, block_table, softmax_scale):
+    """How the calls of one checked signature run: the plan filled by its first call (or held to
+    that call's shape), then a function of a call's (q, k_cache, block_table, cache_seqlens,
+    k_scale) that launches the plan's route and returns fresh (out, lse). A cache TMA cannot read
+    (its blocks apart, a property of the signature) goes to the portable route's plan."""
+    capacity = block_table.shape[1] * shape.page_size
+    if plan.shape is None:
+        _fill_plan(plan, shape, q.device, capacity)
+    elif plan.shape != shape:
+        raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {tuple(plan.shape)}, "
+                         f"this call is {tuple(shape)}: use one plan per shape")
+    if plan.kernel is None:  # aiter's route (MI355X)
+        def run_aiter(q, k_cache, block_table, cache_seqlens, k_scale):
+            return aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_scale, k_scale)
+        return run_aiter
+    target = plan
+    if plan.route["route"] == "hopper_paged" and not tma_can_read(k_cache):
+        if plan.fallback is None:
+            plan.fallback = MlaDecodePlan()
+            _fill_plan(plan.fallback, shape, q.device, capacity, tma_readable=False)
+        target = plan.fallback
+    return _kernel_call(target, SM_SCALE if softmax_scale is None else softmax_scale)
 
 
-def row_preconditions_hold(row, kv_len, uniform):
-    """The row's route exists here (the Hopper route only on sm_90), and a paged row needs
-    uniform KV lengths that are a multiple of its page size."""
-    page_size = row["params"].get("page_size", 1)
-    exists = ROUTE_INFO.get(row["route"], {}).get("portable", True) or row["route"] in ROUTES
-    return exists and (page_size == 1 or (uniform and kv_len % page_size == 0))
-
-
-def select_route(batch, kv_len, uniform=True, table=None):
-    """The first row of `table` (default: the active one) with batch <= max_batch and
-    kv_len <= max_kv_len whose preconditions hold. `uniform`: every batch holds kv_len rows
-    (see declares_uniform_kv)."""
-    for row in active_route_table() if table is None else table:
-        if ((row["max_batch"] is None or batch <= row["max_batch"])
-                and (row["max_kv_len"] is None or kv_len <= row["max_kv_len"])
-                and row_preconditions_hold(row, kv_len, uniform)):
-            return row
-    raise ValueError(f"no route-table row fits batch {batch}, kv_len {kv_len}, uniform {uniform}: "
-                     "a table must end with an always-valid catch-all row")
-
-
-class Selection:
-    """What a shape runs: its table row, the candidate it settled on (the row's own route until
-    a race settles another), that candidate's route_label, the table, and whether the row's
-    candidate race is still to run."""
-    __slots__ = ("row", "candidate", "label", "table", "racing")
-
-    def __init__(self, row, candidate, table, racing=False):
-        self.row, self.candidate, self.table, self.racing = row, candidate, table, racing
-        self.label = route_label(candidate)
-
-
-# (batch, kv_len, uniform, id(table)) -> Selection. The table is kept so that its id stays its
-# own. Tables are data read at call time: replace a table rather than edit it in place (or clear
-# this dict).
-_SELECTED = {}
-
-
-def _selection(batch, kv_len, uniform):
-    """(cache key, Selection) for a shape under the active table."""
-    table = active_route_table()
-    key = (batch, kv_len, uniform, id(table))
-    selection = _SELECTED.get(key)
-    if selection is None:
-        row = select_route(batch, kv_len, uniform, table)
-        selection = _SELECTED[key] = Selection(row, {"route": row["route"], "params": row["params"]}, table,
-                                               races_here(row, batch, kv_len, uniform))
-    return key, selection
-
-
-def _note_ran(candidate, label=None):
-    global LAST_ROUTE, LAST_CANDIDATE
-    LAST_ROUTE, LAST_CANDIDATE = label or route_label(candidate), candidate
-
-
-def _run(candidate, data, total_kv, label=None):
-    """Run a candidate for the caller and say so in LAST_ROUTE / LAST_CANDIDATE."""
-    _note_ran(candidate, label)
-    return run_candidate(candidate, data, total_kv)
-
-
-def custom_kernel(data: input_t) -> output_t:
-    """MLA decode attention for one batch of query rows.
-
-    Args:
-        data: (q, kv_data, qo_indptr, kv_indptr, config) as the leaderboard's generate_input makes it:
-            q (batch, 16, 576) bf16; kv_data {"bf16": (total_kv, 1, 576) bf16, "fp8": (data, scale),
-            "mxfp4": (data, block scales)}; qo_indptr, kv_indptr (batch + 1,) int32; config with
-            batch_size, q_seq_len (1), kv_seq_len and sm_scale (1 / sqrt(576)). Every tensor on one
-            device; q in any layout; each KV tensor with a contiguous last dimension.
-    Returns:
-        A fresh (batch, 16, 512) bf16 tensor: softmax(sm_scale * q k^T) v over each batch row's KV
-        rows, as read by the route that the active table picks for (batch, kv_len).
-    Raises:
-        ValueError naming the field when a shape, dtype, device, layout or config entry is off
-        (no GPU sync).
-    """
-    q, kv_data, qo_indptr, kv_indptr, config = data
-    q, qo_indptr, kv_indptr, batch, total_kv = check_inputs(q, kv_data, qo_indptr, kv_indptr, config)
-    data = (q, kv_data, qo_indptr, kv_indptr, config)
-    key, selection = _selection(batch, total_kv // batch, declares_uniform_kv(batch, total_kv, config))
-    if selection.racing:
-        return race_call(key, selection, data, batch, total_kv)
-    return _run(selection.candidate, data, total_kv, selection.label)
-
-# =============================================================================================
-# Serving API: a paged MLA decode shaped like FlashMLA's interface
-# get_mla_decode_metadata / mla_decode_with_kvcache on the same kernels as custom_kernel
-# (_mla_decode_kernel with a page size). Shapes, dtypes, devices and layouts are checked once per
-# plan and call signature; a call whose signature the plan has seen pays attribute reads only.
-# =============================================================================================
-SERVING_MAX_HEADS = 128
-SERVING_MAX_Q_LEN = 8
-SERVING_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-SERVING_ROWS = 16  # query rows (token, head pairs) per program (the MMA's N): portable route, Hopper default
-SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its merge than it saves
-SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
-SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
-
-# Which route serves a plan, as data: the first row whose "kv" is the cache's format, whose "pages" (if any)
-# hold the page size, whose "max_batch" (if any) holds the batch, whose "min_rows" (if any) the plan's query
-# rows (s_q x h_q) reach, and whose route this machine has. hopper_paged: the Hopper kernel, a 64-token tile
-# by TMA from one page (pages of 64 and 128) or gathered a row per token by cp.async (shorter pages; NOTES.md
-# h48), the work balanced by tokens over the batch ("waves": programs per SM slot it aims for, "min_chunk":
-# the shortest split): chunks of one request each (_serving_work), or with "spans" where the batch can outgrow
-# one wave of chunks (takes_span_kernel), per call whichever _span_start's cost model finds shorter: chunks,
-# or one equal span of the batch's tiles per program across requests (fp8 A 1.20x, B 1.24x; bf16 at 32 rows A
-# 1.19x, B 1.24x; not on the bf16 16-row row, whose tile loop then spills: NOTES.md h42); the schedule holds
-# the batch's lengths in one warp, so up to 1024 requests; "rows": query rows per program (16 where absent),
-# each program one pass over its split's tiles (with spans, over each of its segments'). An fp8 cache with 64
-# or more rows on pages of whole tiles: the seesaw kernel ("seesaw": query rows as M, two compute warpgroups
-# in step and a loader warp, S and P.V in fp8 with P as 256 P, a lazy running max; 4 warps a warpgroup, 4
-# ring slots; grid A 1.30x the tokens-as-M row's kernel time, then 1.06x with the lazy max: 0.99x FlashMLA's,
-# then 1.07x with V^T by ldmatrix and the warpgroups in step, 1.02x with each warpgroup merging its half of the
-# dims: NOTES.md h51-h54, h63). A bf16 cache with 64 or more rows on pages of whole tiles: the same seesaw kernel
-# on 32-token tiles ("block_n": 32: four 36 KiB slots beside 72 KiB of bf16 q), S and P.V in bf16 (NOTES.md
-# h65). Every Hopper row's split requests are merged by _mla_combine_kernel after its kernel (h72: bf16 A 1.23x
-# with the seesaw's spills halved, C fp8 1.17x, bf16 1.12x). Elsewhere a bf16 cache with 32 or more rows:
-# 32 rows at 8 warps (two warpgroups, half the passes; A 1.22x, B at two query tokens 1.34-1.42x the 16-row
-# row's speed: NOTES.md h40). An fp8 cache's P.V in f16 ("pv_f16": V converted exactly in registers, P in f16,
-# half the accumulator of fp8 P_hi / P_lo): 64 or more rows at 64 rows and 8 warps on pages shorter than a
-# tile (grid A 1.40x the 16-row row: 990 against 1386 us), 32 to 63 rows at 32 rows and 8 warps (B at two
-# query tokens 1.04x / 1.08x at 4k / 16k with V converted as packed words: NOTES.md h49c; even before them,
-# h43), the rest at 16 rows and 4 warps (C 1.03x, B even, no spills in the span kernel's tile loops; NOTES.md
-# h43). Not 32 rows at 4 warps (its f16 accumulators spill), nor fp8 P_hi / P_lo at 32 rows (0.78x, h40).
-# Everything else: the portable kernel (NOTES.md h36, h38).
-# num_stages 2 for bf16: three 64-token bf16 tiles do not fit an H200's shared memory. Not here: bf16 at 32
-# rows and 4 warps (spills 128 B), at 64 rows and 8 warps (240 KiB of shared memory).
-# "shared_max" (P^T in 16 bits, two warpgroups): the row max and the rescale factors through shared memory,
-# two barriers a tile for five (fp8 A 1.02x, bf16 A 1.05x; 16 rows even: h44c).
-SERVING_ROUTE_TABLE = [
-    {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
-     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
-                "seesaw": True}},
-    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
-     "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
-                "pv_f16": True, "shared_max": True}},
-    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
-     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
-                "pv_f16": True, "shared_max": True}},
-    {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
-     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
-    {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
-     "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
-                "seesaw": True, "block_n": 32}},
-    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
-     "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
-                "shared_max": True}},
-    {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
-     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
-    {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
-    {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
-]
-# Consulted first, and only where aiter loaded (HAVE_AITER: the MI355X): a row serves a plan whose
-# cache format is "kv", head count in "heads", query tokens in "s_q", when the loaded aiter has
-# every capability in "needs" (AITER_SERVING_CAPABILITIES); the plan falls through to
-# SERVING_ROUTE_TABLE otherwise (other head counts, s_q > 1, the runner's aiter with a bf16 cache).
-# Head counts: the non-persistent kernels for one query token (NOTES.md h37a); the persistent
-# a8w8 kernels with an lse build (NOTES.md h47: 16 / 64 / 128 heads from 2026-06-11, 32 from
-# 2026-06-26; fp8 32 and 64 have no non-persistent kernel there). One query token only: the double
-# models q length 1, and how aiter's multi-token persistent kernels align the causal mask is in
-# their binaries. Which route first (unmeasured: no MI355X): the persistent row up to 32 requests,
-# where the leaderboard's AITER_ROUTE_TABLE takes a8w8 persistent too and aiter's own
-# mla_decode_fwd keeps its (bf16) persistent kernel (its batch gate: 32); above, one split each.
-# aiter's kernels for these cases, and why no others: the aiter section (NOTES.md h37, h47).
-AITER_SERVING_TABLE = [
-    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "max_batch": 32, "needs": ("persistent_lse",),
-     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
-    {"kv": "fp8", "heads": (64,), "s_q": (1,), "needs": ("persistent_lse",), "route": "aiter_serving_a8w8_persistent",
-     "params": {"num_splits": 16}},
-    {"kv": "fp8", "heads": (32,), "s_q": (1,), "needs": ("persistent_lse_32_heads",),
-     "route": "aiter_serving_a8w8_persistent", "params": {"num_splits": 16}},
-    {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "needs": (), "route": "aiter_serving_fp8", "params": {}},
-    {"kv": "fp8", "heads": (8,), "s_q": (1,), "needs": ("fp8_8_heads",), "route": "aiter_serving_fp8",
-     "params": {}},
-    {"kv": "bf16", "heads": (16, 64, 128), "s_q": (1,), "needs": ("decode_lse",), "route": "aiter_serving_bf16",
-     "params": {}},
-]
-
-
-def serving_row_serves(row, shape):
-    """Whether a serving table row serves a plan of shape (batch, s_q, h_q, page_size, kv, causal):
-    its cache format, and where the row names them its head counts, query tokens, page sizes,
-    largest batch, fewest query rows (s_q x h_q) and the aiter capabilities it needs."""
-    batch, s_q, h_q, page_size, kv_format, _ = shape
-    return (row["kv"] == kv_format and h_q in row.get("heads", (h_q,)) and s_q in row.get("s_q", (s_q,))
-            and page_size in row.get("pages", (page_size,)) and batch <= row.get("max_batch", batch)
-            and s_q * h_q >= row.get("min_rows", 0)
-            and AITER_SERVING_CAPABILITIES.issuperset(row.get("needs", ())))
-
-
-class MlaDecodePlan:
-    """What get_mla_decode_metadata returns. Empty until the first mla_decode_with_kvcache call
-    that uses it; that call fixes its shape (batch, s_q, h_q, page size, cache dtype, causal),
-    chooses the route and the split count, and allocates the split workspace. Reuse it for every
-    call (and layer) of that shape: the split bounds are computed by the kernel from cache_seqlens
-    on the GPU, so new lengths and block-table contents need no new plan, eagerly or in a replayed
-    CUDA graph. Calls that share a plan must run in order on one GPU queue, as an
-    engine's layers do.
-
-    num_splits: None (the first call chooses); set it to a count before the first call to fix it.
-    The portable route cuts every request into num_splits equal splits (by default enough programs
-    to fill the GPU twice, no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's
-    capacity); the Hopper route cuts the batch's tokens into about num_splits chunks (by default
-    one per program slot of the GPU), each request into its share of them, or (rows with "spans")
-    gives each program an equal span of the batch's tiles across requests, whichever is shorter
-    for the call's lengths."""
-
-    def __init__(self):
-        self.num_splits = None
-        self.shape = None  # (batch, s_q, h_q, page_size, cache dtype, causal) once filled
-        self.route = None  # the SERVING_ROUTE_TABLE row serving the plan
-        self.workspace = None  # (partials, partial lse, the portable kernel's tickets or the Hopper split counts)
-        self.launches = {}  # call signature -> its launch (a function of the call's tensors), once checked
-        self.fallback = None  # the portable route's plan, for calls whose cache the Hopper route cannot read
-        self.aiter = None  # an aiter route's AiterServingBuffers (MI355X only)
-
-    def __repr__(self):
-        if self.shape is None:
-            return "MlaDecodePlan(empty)"
-        return (f"MlaDecodePlan(batch={self.shape[0]}, s_q={self.shape[1]}, h_q={self.shape[2]}, "
-                f"page_size={self.shape[3]}, kv={self.shape[4]}, causal={self.shape[5]}, "
-                f"num_splits={self.num_splits}, route={self.route['route']})")
-
-
-def get_mla_decode_metadata(*args, **kwargs):
-    """An empty plan for mla_decode_with_kvcache, as FlashMLA's get_mla_metadata returns one.
-
-    Args:
-        Anything: FlashMLA's callers pass (cache_seqlens, s_q * h_q, 1) or nothing; the plan
-        fills itself on its first use, so the arguments are not needed and not read.
-    Returns:
-        (plan, None): an MlaDecodePlan, and None where FlashMLA returns its split counts.
-    """
-    del args, kwargs
-    return MlaDecodePlan(), None
-
-
-def _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
-                       k_scale):
-    """Everything check_serving_inputs looks at, as a tuple (attribute reads only; hashable unless
-    an argument is not); None when an argument is not what it must be (check_serving_inputs then
-    says which)."""
-    try:
-        # devices as get_device() ints (-1: the CPU): cheaper to make and to hash than torch.device
-        scale = (("tensor", k_scale.dtype, tuple(k_scale.shape), k_scale.get_device())
-                 if isinstance(k_scale, torch.Tensor) else type(k_scale))
-        signature = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
-                     k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
-                     block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
-                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale,
-                     k_cache.data_ptr() % 16 == 0)
-        if IS_HIP:  # HIP's JIT also specialises each tensor on its storage fitting 2 GiB (_specialisation)
-            signature += tuple(t.untyped_storage().nbytes() <= HIP_RANGE32_BYTES
-                               for t in (q, k_cache, block_table, cache_seqlens, k_scale)
-                               if isinstance(t, torch.Tensor))
-        return signature
-    except (AttributeError, TypeError):
-        return None
-
-
-def _check_tensor(field, x, dtype_ok, dims, device=None):
-    if not isinstance(x, torch.Tensor) or x.dim() != dims or not dtype_ok(x.dtype):
-        raise ValueError(f"{field}: expected a {dims}-D tensor of the documented dtype, got {_describe(x)}")
-    if device is not None:
-        _same_device(field, x, device)
-
-
-def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
-                         k_scale):
-    """Validate a serving call without reading tensor contents (no GPU sync); return the plan
-    shape (batch, s_q, h_q, page_size, cache format, causal). Raises ValueError naming the
-    argument. Contents are the kernel's to check: lengths, block ids (their rows come back NaN)."""
-    _check_tensor("q", q, lambda d: d == torch.bfloat16, 4)
-    batch, s_q, h_q, dims = q.shape
-    if dims != QK_HEAD_DIM:
-        raise ValueError(f"q must be (batch, s_q, h_q, {QK_HEAD_DIM}), got shape {tuple(q.shape)}")
-    if batch < 1:
-        raise ValueError(f"q has batch {batch}: at least one request is needed")
-    if not 1 <= s_q <= SERVING_MAX_Q_LEN:
-        raise ValueError(f"q has s_q {s_q} query tokens per request: 1 to {SERVING_MAX_Q_LEN} are served")
-    if not 1 <= h_q <= SERVING_MAX_HEADS:
-        raise ValueError(f"q has h_q {h_q} heads: 1 to {SERVING_MAX_HEADS} are served")
-    _check_tensor("k_cache", k_cache, lambda d: d == torch.bfloat16 or d in FP8_DTYPES, 4, q.device)
-    num_blocks, page_size, kv_heads, kv_dims = k_cache.shape
-    if kv_heads != NUM_KV_HEADS:
-        raise ValueError(f"k_cache has {kv_heads} KV heads (dimension 2 of {tuple(k_cache.shape)}): MLA has one "
-                         "latent KV head")
-    if kv_dims != QK_HEAD_DIM:
-        raise ValueError(f"k_cache must be (num_blocks, page_size, 1, {QK_HEAD_DIM}), got {tuple(k_cache.shape)}")
-    if page_size not in SERVING_PAGE_SIZES:
-        raise ValueError(f"k_cache has page_size {page_size}: the served page sizes are {SERVING_PAGE_SIZES}")
-    if num_blocks < 1:
-        raise ValueError("k_cache has 0 blocks")
-    _unit_last_stride("k_cache", k_cache)
-    _aligned_cache("k_cache", k_cache)
-    if k_cache.dtype == torch.float8_e4m3fnuz and k_cache.is_cuda and not IS_HIP:
-        raise ValueError("k_cache is float8_e4m3fnuz (AMD gfx942's fp8): NVIDIA GPUs read float8_e4m3fn")
-    _check_tensor("block_table", block_table, lambda d: d == torch.int32, 2, q.device)
-    if block_table.shape[0] != batch or block_table.shape[1] < 1:
-        raise ValueError(f"block_table must be (batch = {batch}, max_blocks >= 1) int32, got "
-                         f"{tuple(block_table.shape)}")
-    _unit_last_stride("block_table", block_table)  # a request's row is read as consecutive entries
-    _check_tensor("cache_seqlens", cache_seqlens, lambda d: d == torch.int32, 1, q.device)
-    if cache_seqlens.shape[0] != batch:
-        raise ValueError(f"cache_seqlens must be (batch = {batch},) int32, got {tuple(cache_seqlens.shape)}")
-    _unit_last_stride("cache_seqlens", cache_seqlens)
-    if head_dim_v != V_HEAD_DIM:
-        raise ValueError(f"head_dim_v is {head_dim_v!r}: MLA's values are the first {V_HEAD_DIM} latent dims")
-    if num_splits is not None:
-        raise ValueError(f"num_splits is {num_splits!r}: pass None (the plan chooses the splits; set "
-                         "plan.num_splits before its first call to fix them)")
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
-                                      or not 0 < softmax_scale < float("inf")):
-        raise ValueError(f"softmax_scale is {softmax_scale!r}: a positive finite number, or None for 1/sqrt(576)")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal is {causal!r}: True or False")
-    fp8 = k_cache.dtype in FP8_DTYPES
-    if not fp8 and k_scale is not None:
-        raise ValueError("k_scale is given for a bfloat16 k_cache: it dequantises an fp8 cache only")
-    if fp8 and k_scale is None:
-        raise ValueError(f"k_scale is missing: a {k_cache.dtype} k_cache needs its dequantisation scale "
-                         "(value = fp8 x k_scale)")
-    if isinstance(k_scale, torch.Tensor):
-        if k_scale.dtype != torch.float32 or k_scale.numel() != 1 or k_scale.dim() > 1:
-            raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, shape () or "
-                             f"(1,), got {_describe(k_scale)}")
-        _same_device("k_scale", k_scale, q.device)
-    elif fp8 and (isinstance(k_scale, bool) or not isinstance(k_scale, (int, float))):
-        raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, got {_describe(k_scale)}")
-    return batch, s_q, h_q, page_size, "fp8" if fp8 else "bf16", causal
-
-
-def _programs_to_fill(device):
-    """Programs that keep every multiprocessor busy twice over (SERVING_CPU_PROGRAMS without a GPU)."""
-    if device.type == "cpu":
-        return SERVING_CPU_PROGRAMS
-    return 2 * sm_count(device)
-
-
-SERVING_ROUTES = {"triton_paged"} | ({"hopper_paged"} if HOPPER else set())
-
-
-def serving_route_row(shape, table=None):
-    """The first row that serves a plan of this shape here: of the table given, else of
-    AITER_SERVING_TABLE (where aiter loaded) and then SERVING_ROUTE_TABLE."""
-    rows = table if table is not None else (AITER_SERVING_TABLE if HAVE_AITER else []) + SERVING_ROUTE_TABLE
-    return next(row for row in rows if (row["route"] in SERVING_ROUTES or row["route"] in AITER_SERVING_ROUTES)
-                and serving_row_serves(row, shape))
-
-
-def route_rows(route):
-    """Query rows per program of a serving route row: its params' "rows" on the Hopper route (16
-    where absent), SERVING_ROWS on the portable one."""
-    return route["params"].get("rows", SERVING_ROWS) if route["route"] == "hopper_paged" else SERVING_ROWS
-
-
-def _fill_plan(plan, shape, route, block_table, device):
-    """Fix the plan's shape, route, split count and workspace on its first call."""
-    batch, s_q, h_q, page_size, _, _ = shape
-    if route["route"] in AITER_SERVING_ROUTES:  # its buffers come with its first call
-        plan.route, plan.shape = route, shape
-        return
+def _fill_plan(plan, shape, device, capacity, tma_readable=True):
+    """Fix the plan's shape, route (serving_route), kernel, split count and workspace on its first
+    call: float32 partials and lse per (row group, partial slot), and counters (the portable
+    kernel's tickets, zero between its calls; or each request's first partial slot and split count,
+    written by the Hopper kernel for _mla_combine_kernel)."""
     if plan.num_splits is not None and (isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int)
                                         or plan.num_splits < 1):
         raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count >= 1")
-    rows = route_rows(route)
-    groups = triton.cdiv(s_q * h_q, rows)
-    params = route["params"]
-    if route["route"] == "hopper_paged":
-        if plan.num_splits is None:  # the batch's chunks: one per program slot of the GPU
-            # the seesaw kernel's program is three warpgroups of num_warps: two compute, the loader's warp padded
-            warps = params["num_warps"] * (3 if params.get("seesaw") else 1)
-            resident = sm_count(device) * hopper_programs_per_sm(warps, params["num_stages"],
-                                                                 2 if shape[4] == "bf16" else 1, rows)
-            plan.num_splits = max(1, params["waves"] * resident // groups)
-        slots = groups * (plan.num_splits + batch)  # work items: at most a chunk count plus one per request
-        counters = 2 * batch  # each request's first partial slot and split count (_store_split_count)
+    route = serving_route(shape, device, capacity, tma_readable, plan.num_splits)
+    plan.shape, plan.route, plan.kernel, plan.spans = shape, route.row, route.kernel, route.spans
+    if route.kernel is None:  # aiter's: its buffers come with its first call
+        return
+    plan.num_splits = route.num_splits
+    rows = route_rows(route.row)
+    groups = triton.cdiv(shape.s_q * shape.h_q, rows)
+    if route.row["route"] == "hopper_paged":
+        slots = groups * (plan.num_splits + shape.batch)  # work items: at most a chunk count plus one per request
+        counters = 2 * shape.batch
     else:
-        if plan.num_splits is None:
-            capacity = block_table.shape[1] * page_size
-            wanted = triton.cdiv(_programs_to_fill(device), batch * groups)
-            plan.num_splits = max(1, min(wanted, capacity // SERVING_SPLIT_MIN_TOKENS))
-        slots = batch * groups * plan.num_splits if plan.num_splits > 1 else 1
-        counters = batch * groups  # the portable kernel's tickets, zero between its calls
+        slots = shape.batch * groups * plan.num_splits if plan.num_splits > 1 else 1
+        counters = shape.batch * groups
     plan.workspace = (torch.empty(slots, V_HEAD_DIM, rows, dtype=torch.float32, device=device),
                       torch.empty(slots, rows, dtype=torch.float32, device=device),
                       torch.zeros(counters, dtype=torch.int32, device=device))
-    plan.route = route
-    plan.shape = shape
+
+
+def _kernel_call(plan, sm_scale):
+    """A checked signature's calls on a kernel route: fresh out and lse, then the route's launch
+    (SERVING_LAUNCHES); from the second call on, Triton's launcher directly (the scalars recorded
+    for the signature, k_scale's value where it is a float), wherever every pointer is 16-byte
+    aligned as when it was recorded and no launch hook is installed."""
+    direct = None
+
+    def run(q, k_cache, block_table, cache_seqlens, k_scale):
+        nonlocal direct
+        if q.stride(3) != 1:
+            q = q.contiguous()
+        batch, s_q, h_q, _ = q.shape
+        out = torch.empty(batch, s_q, h_q, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
+        scale_ptr = k_scale.data_ptr() if isinstance(k_scale, torch.Tensor) else 0
+        misaligned = (q.data_ptr() | k_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()
+                      | scale_ptr) & 15
+        if direct is not None and not misaligned and not _launch_hooks_installed():
+            direct(q, k_cache, block_table, cache_seqlens, k_scale, out, lse)
+        else:
+            launched = SERVING_LAUNCHES[plan.route["route"]](plan, q, k_cache, block_table, cache_seqlens, k_scale,
+                                                             out, lse, sm_scale)
+            direct = None if misaligned else launched
+        return out, lse
+    return run
 
 
 def _with_k_scale(scalars, k_scale):
@@ -4667,18 +4812,18 @@ def _with_k_scale(scalars, k_scale):
 
 def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
     """_mla_decode_kernel over the pages: launch it for this call; return how the calls of this
-    signature launch it (see mla_decode_with_kvcache), or None."""
-    batch, s_q, h_q, page_size, kv_format, causal = plan.shape
-    params = plan.route["params"]
+    signature launch it (_kernel_call), or None."""
+    shape, params = plan.shape, plan.route["params"]
     constexprs = {"FP8_MAX": FP8_MAX.get(k_cache.dtype, 0.0), "NUM_SPLITS": plan.num_splits,
-                  "BLOCK_N": params["block_n"], "KV_FP8": kv_format == "fp8", "PAGE_SIZE": page_size,
-                  "CAUSAL": causal and s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS,
+                  "BLOCK_N": params["block_n"], "KV_FP8": shape.kv == "fp8", "PAGE_SIZE": shape.page_size,
+                  "CAUSAL": shape.causal and shape.s_q > 1, "WRITE_LSE": True, "ROWS": SERVING_ROWS,
                   "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor)}
     tensors, scalars = decode_launch_args(
         q, (q.stride(0), q.stride(1), q.stride(2)), k_cache, 1.0 if k_scale is None else k_scale, out,
         (out.stride(0), out.stride(1), out.stride(2)), lse, (lse.stride(0), lse.stride(1), lse.stride(2)),
-        plan.workspace, None, (cache_seqlens, block_table, page_size), sm_scale)
-    entry = launch(_mla_decode_kernel, (batch, plan.num_splits, triton.cdiv(s_q * h_q, SERVING_ROWS)), tensors,
+        plan.workspace, None, (cache_seqlens, block_table, shape.page_size), sm_scale)
+    entry = launch(_mla_decode_kernel, (shape.batch, plan.num_splits, triton.cdiv(shape.s_q * shape.h_q, SERVING_ROWS)),
+                   tensors,
                    scalars, constexprs, params["num_warps"], params["num_stages"], floats=DECODE_FLOATS)
     if entry is None or not all(t.data_ptr() % 16 == 0 for t in tensors):
         return None
@@ -4691,17 +4836,8 @@ def _portable_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out,
     return run
 
 
-def takes_span_kernel(params, batch, programs):
-    """Whether a plan launches the Hopper kernel with the span schedule (SPANS: the kernel then
-    chooses chunks or spans per call): where its row asks for it and the batch can outgrow one
-    wave of chunks. With batch x SERVING_MAX_SPLITS <= programs, every chunk schedule fits one
-    wave and _span_start's cost model never takes spans; the kernel without them is then the
-    faster one to carry (C b4 19.7 against 29.3 us: NOTES.md h42)."""
-    return bool(params.get("spans", False)) and batch * SERVING_MAX_SPLITS > programs
-
-
 def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, out, lse, workspace):
-    """The tensor arguments of the Hopper paged kernels (hopper_paged_kernel), in their order:
+    """The tensor arguments of the Hopper serving kernels, in their order:
     `descriptors` the cache's two TMA descriptors, or the cache itself for the gathered kernel (the
     workspace's tickets stand in for KV_SCALE where k_scale is a float or absent)."""
     partial_o, partial_lse, tickets = workspace
@@ -4710,26 +4846,26 @@ def _hopper_paged_tensors(q, descriptors, k_scale, cache_seqlens, block_table, o
 
 
 def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, lse, sm_scale):
-    """The Hopper kernel over the pages: _mla_decode_paged_hopper_kernel (TMA descriptors of the
-    cache as blocks x page rows) for pages of whole tiles, _mla_decode_gathered_hopper_kernel (the
-    cache itself and its row stride) below: launch it for this call; return how the calls of this
-    signature launch it, or None."""
-    batch, s_q, h_q, page_size, kv_format, causal = plan.shape
-    params = plan.route["params"]
+    """The plan's Hopper kernel over the pages (serving_route's choice: TMA descriptors of the cache
+    as blocks x page rows, or the cache itself and its row stride for the gathered kernel), then
+    _mla_combine_kernel: launch them for this call; return how the calls of this signature launch
+    them, or None."""
+    shape, params = plan.shape, plan.route["params"]
+    batch, page_size = shape.batch, shape.page_size
     rows = route_rows(plan.route)
-    groups = triton.cdiv(s_q * h_q, rows)
+    groups = triton.cdiv(shape.s_q * shape.h_q, rows)
     workspace = plan.workspace
-    kernel = hopper_paged_kernel(page_size, params)
+    kernel = plan.kernel
     gather = kernel is _mla_decode_gathered_hopper_kernel
     constexprs = {"FP8_MAX": FP8_MAX[torch.float8_e4m3fn], "PAGE_SIZE": page_size, **hopper_row_constexprs(params),
-                  "CAUSAL": causal and s_q > 1, "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
+                  "CAUSAL": shape.causal and shape.s_q > 1, "KV_SCALE_IN_TENSOR": isinstance(k_scale, torch.Tensor),
                   "BATCH_BLOCK": max(32, triton.next_power_of_2(batch)), "MAX_SPLITS": SERVING_MAX_SPLITS,
-                  "KV_FP8": kv_format == "fp8", "SPANS": takes_span_kernel(params, batch, plan.num_splits)}
+                  "KV_FP8": shape.kv == "fp8", "SPANS": plan.spans}
     scalars = _with_k_scale((
         sm_scale * LOG2E, 1.0, k_cache.shape[0] * page_size, k_cache.shape[0], block_table.shape[1] * page_size,
-        batch, plan.num_splits, params["min_chunk"], h_q, s_q, q.stride(0), q.stride(1), q.stride(2),
-        block_table.stride(0), out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        lse.stride(2), *((k_cache.stride(1),) if gather else ())), k_scale)
+        batch, plan.num_splits, params["min_chunk"], shape.h_q, shape.s_q, (q.stride(0), q.stride(1), q.stride(2)),
+        block_table.stride(0), (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+                                lse.stride(2)), *((k_cache.stride(1),) if gather else ())), k_scale)
 
     def cache_args(k_cache):  # the gathered kernel reads the cache; the TMA one its two descriptors
         return (k_cache,) if gather else kv_descriptors(k_cache, True, params.get("block_n", 64))
@@ -4751,7 +4887,7 @@ def _hopper_launch(plan, q, k_cache, block_table, cache_seqlens, k_scale, out, l
     return run
 
 
-COMBINE_DIMS = 32  # latent dims per program of _mla_combine_kernel: one pass of its merge at 16 rows (h72)
+COMBINE_DIMS = 32  # latent dims per program of _mla_combine_kernel: one pass of its merge at 16 rows
 
 
 def _combine_constexprs(rows, kv_scale_in_tensor):
@@ -4765,18 +4901,18 @@ def _combine_launch(plan, rows, groups, k_scale, out, lse):
     """_mla_combine_kernel after the Hopper kernel of `rows` query rows a program in `groups` row
     groups, on the plan's workspace: launch it for this call; return how the calls of this
     signature launch it (a function of k_scale, out and lse), or None."""
-    batch, s_q, h_q = plan.shape[:3]
+    shape = plan.shape
     partial_o, partial_lse, counts = plan.workspace
     constexprs = _combine_constexprs(rows, isinstance(k_scale, torch.Tensor))
-    scalars = (plan.num_splits + batch, h_q, s_q, out.stride(0), out.stride(1), out.stride(2), lse.stride(0),
-               lse.stride(1), lse.stride(2))
+    scalars = (plan.num_splits + shape.batch, shape.h_q, shape.s_q, out.stride(0), out.stride(1), out.stride(2),
+               lse.stride(0), lse.stride(1), lse.stride(2))
 
     def tensors(k_scale, out, lse):  # the split counts stand in for KV_SCALE where k_scale is a float or absent
         return partial_o, partial_lse, counts, k_scale if isinstance(k_scale, torch.Tensor) else counts, out, lse
 
     def scale(k_scale):
         return 1.0 if k_scale is None or isinstance(k_scale, torch.Tensor) else float(k_scale)
-    entry = launch(_mla_combine_kernel, (batch, groups, V_HEAD_DIM // COMBINE_DIMS), tensors(k_scale, out, lse),
+    entry = launch(_mla_combine_kernel, (shape.batch, groups, V_HEAD_DIM // COMBINE_DIMS), tensors(k_scale, out, lse),
                    (scale(k_scale), *scalars), constexprs, constexprs["WARPS"], 1)
     if entry is None:
         return None
@@ -4788,86 +4924,6 @@ def _combine_launch(plan, rows, groups, k_scale, out, lse):
 
 
 SERVING_LAUNCHES = {"triton_paged": _portable_launch, "hopper_paged": _hopper_launch}
-
-
-def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, plan, num_splits=None,
-                            softmax_scale=None, causal=False, k_scale=None):
-    """MLA decode attention over a paged latent cache, as FlashMLA's flash_mla_with_kvcache.
-
-    Args:
-        q: (batch, s_q, h_q, 576) bfloat16, any layout; s_q 1..8 query tokens, h_q 1..128 heads.
-        k_cache: (num_blocks, page_size, 1, 576) bfloat16, or fp8 (float8_e4m3fn; e4m3fnuz on
-            gfx942) with k_scale; page_size a power of two 1..128; last dimension contiguous; its start
-            on 16 bytes, its block and row strides multiples of 16 elements.
-        block_table: (batch, max_blocks) int32: request b's token p is in block
-            block_table[b, p // page_size], row p % page_size. Entries past a request's used
-            blocks are never read.
-        cache_seqlens: (batch,) int32 tokens per request (0: nothing attended).
-        head_dim_v: 512.
-        plan: from get_mla_decode_metadata(); reuse it for calls of the same shape.
-        num_splits: None (the plan chooses).
-        softmax_scale: default 1 / sqrt(576).
-        causal: query token i attends the first cache_seqlens - s_q + i + 1 tokens (the cache
-            already holds the s_q new tokens); otherwise all cache_seqlens tokens.
-        k_scale: fp8 cache only, the dequantisation scale (value = fp8 x k_scale): a Python float,
-            or a float32 tensor of one element on q's device (read by the kernel: no sync).
-    Returns:
-        out: fresh (batch, s_q, h_q, 512) bfloat16 attention output.
-        lse: fresh (batch, h_q, s_q) float32 natural-log sum of exp(softmax_scale q.k) over the
-            attended tokens. A row with nothing attended has out 0 and lse +inf. A request whose
-            length is negative or beyond its block_table row, or whose used block ids are outside
-            the cache, comes back NaN (never read outside the cache).
-    Raises:
-        ValueError naming the argument for shapes, dtypes, devices, layouts and page sizes outside
-        the above (no GPU sync), or for a plan filled by a call of another shape.
-    """
-    signature = _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
-                                   causal, k_scale)
-    try:
-        run = False if signature is None else plan.launches.get(signature, False)
-    except TypeError:  # an argument that cannot be hashed: check_serving_inputs names it
-        run, signature = False, None
-    if run is False:
-        shape = check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
-                                     causal, k_scale)
-        if plan.shape is None:
-            _fill_plan(plan, shape, serving_route_row(shape), block_table, q.device)
-        elif plan.shape != shape:
-            raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {plan.shape}, "
-                             f"this call is {shape}: use one plan per shape")
-        run = None
-    if plan.route["route"] in AITER_SERVING_ROUTES:  # MI355X with aiter (NOTES.md h37)
-        if signature is not None:
-            plan.launches.setdefault(signature, None)
-        return aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_scale, k_scale)
-    if q.stride(3) != 1:
-        q = q.contiguous()
-    batch, s_q, h_q, _ = q.shape
-    out = torch.empty(batch, s_q, h_q, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
-    scale_ptr = k_scale.data_ptr() if isinstance(k_scale, torch.Tensor) else 0
-    misaligned = (q.data_ptr() | k_cache.data_ptr() | block_table.data_ptr() | cache_seqlens.data_ptr()
-                  | scale_ptr) & 15
-    if run is not None and not misaligned and not _launch_hooks_installed():
-        # A seen signature, every pointer 16-byte aligned as when it was recorded: Triton's
-        # launcher directly, with the scalars recorded for the signature (k_scale's value where
-        # it is a float); host time: NOTES.md h36b.
-        run(q, k_cache, block_table, cache_seqlens, k_scale, out, lse)
-        return out, lse
-    target = plan
-    if plan.route["route"] == "hopper_paged" and not tma_can_read(k_cache):
-        # TMA, and the gathered kernel's 16-byte copies, read whole blocks back to back: the
-        # portable route reads a cache whose blocks are apart
-        if plan.fallback is None:
-            plan.fallback = MlaDecodePlan()
-            _fill_plan(plan.fallback, plan.shape, serving_route_row(plan.shape, [
-                row for row in SERVING_ROUTE_TABLE if row["route"] == "triton_paged"]), block_table, q.device)
-        target = plan.fallback
-    run = SERVING_LAUNCHES[target.route["route"]](target, q, k_cache, block_table, cache_seqlens, k_scale, out, lse,
-                                                  SM_SCALE if softmax_scale is None else softmax_scale)
-    if signature is not None:  # a call checked: recorded, with its direct launch where it has one
-        plan.launches[signature] = None if misaligned else run
-    return out, lse
 
 # =============================================================================================
 # Candidate race (the first racing call of a job): an optional layer over the router
@@ -5011,7 +5067,6 @@ def race_q_format(candidate):
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 magnitude codes 0..7; bit 3 is the sign
 
 
-
 def dequantize_mxfp4(packed, scales):
     """(n, 288) packed e2m1 bytes (even dims in the low nibble) and (n, 18) e8m0 bytes -> float32 (n, 576)."""
     packed = packed.to(torch.int32)
@@ -5115,7 +5170,6 @@ def race_judge(truth, candidate, out):
     return None if error <= bound else f"rel {error:.2g}>{bound:.2g}"  # NaN fails too
 
 
-
 def _failure(why, detail=None):
     """A candidate's result when it did not pass: a compact code and the whole reason."""
     return {"why": why, "detail": " ".join(str(detail or why).split())[:300]}
@@ -5139,7 +5193,7 @@ def race_run(candidate, data, total_kv, truth):
     return (None, _failure(why)) if why else (out, None)
 
 
-# --- the measuring process ---------------------------------------------------------------------
+# --- the measuring process -------------------------------------------------------------------
 def _events_timer(candidate, fn, repeats, flush):
     """us of each of `repeats` calls, each after a flush ("race": RACE_FLUSH_PASSES x
     RACE_FLUSH_BYTES zeroed; "runner": the runner's own randn), events around the call."""
@@ -5259,7 +5313,7 @@ def race_child_main():
         del inputs
 
 
-# --- the caller: running measuring processes, keeping the choices -------------------------------
+# --- the caller: running measuring processes, keeping the choices ----------------------------
 class RowOutcome:
     """One racing row's outcome: ranking (candidate indices to try, best first), results
     ({index: race_measure result}), note (why it was not, or not fully, measured) and the calls

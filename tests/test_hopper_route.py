@@ -412,22 +412,29 @@ def test_paged_kernel_compiles_for_sm90_without_spills():
         assert lds <= submission.hopper_shared_bytes_bound(stages, 2 if kv == "bf16" else 1, rows_), (config, lds)
 
 
+def _spans(params, batch, num_splits):
+    """Whether serving_route launches a hopper_paged row of these params with the span schedule."""
+    row = {"kv": "fp8", "route": "hopper_paged", "params": {"num_warps": 4, "num_stages": 2, "waves": 1, **params}}
+    shape = submission.PlanShape(batch, 1, 16, 64, "fp8", False)
+    return submission.serving_route(shape, None, 1 << 20, num_splits=num_splits, table=[row], here=False).spans
+
+
 def test_span_kernel_only_where_chunks_can_outgrow_one_wave():
     """A row's "spans" launch the kernel that may take spans only where batch x SERVING_MAX_SPLITS
-    chunks exceed the plan's programs (NOTES.md h42); rows without it never do."""
+    chunks exceed the plan's programs; rows without it never do."""
     most = submission.SERVING_MAX_SPLITS
-    assert not submission.takes_span_kernel({"spans": True}, 264 // most, 264)
-    assert submission.takes_span_kernel({"spans": True}, 264 // most + 1, 264)
-    assert not submission.takes_span_kernel({"spans": True}, 2, 33)
-    assert submission.takes_span_kernel({"spans": True}, 3, 33)
-    assert not submission.takes_span_kernel({}, 1024, 264)
-    assert not submission.takes_span_kernel({"spans": False}, 1024, 264)
+    assert not _spans({"spans": True}, 264 // most, 264)
+    assert _spans({"spans": True}, 264 // most + 1, 264)
+    assert not _spans({"spans": True}, 2, 33)
+    assert _spans({"spans": True}, 3, 33)
+    assert not _spans({}, 1024, 264)
+    assert not _spans({"spans": False}, 1024, 264)
 
 
-def _serving_row(shape, monkeypatch):
-    """The SERVING_ROUTE_TABLE row a plan of this shape takes on an H100/H200."""
+def _serving_route(shape, monkeypatch):
+    """The serving_route a plan of this shape takes on an H100/H200."""
     monkeypatch.setattr(submission, "SERVING_ROUTES", {"triton_paged", "hopper_paged"})
-    return submission.serving_route_row(shape, submission.SERVING_ROUTE_TABLE)
+    return submission.serving_route(submission.PlanShape(*shape), None, 1 << 20)
 
 
 @pytest.mark.parametrize("kv", ("fp8", "bf16"))
@@ -444,22 +451,22 @@ def test_serving_rows_per_program_follow_min_rows(monkeypatch, kv, s_q, h_q, wid
     f16 on the serving API."""
     rows = 64 if s_q * h_q >= 64 else 32 if wide else 16
     seesaw = rows == 64
-    row = _serving_row((128, s_q, h_q, 64, kv, s_q > 1), monkeypatch)
+    route = _serving_route((128, s_q, h_q, 64, kv, s_q > 1), monkeypatch)
+    row = route.row
     assert row["route"] == "hopper_paged" and row["kv"] == kv
     assert submission.route_rows(row) == rows and s_q * h_q >= row.get("min_rows", 0)
     assert row["params"]["num_warps"] == (4 if rows == 16 or seesaw else 8)
     assert row["params"].get("pv_f16", False) == (kv == "fp8" and not seesaw)
     assert row["params"].get("seesaw", False) == seesaw
-    assert _serving_row((128, s_q, h_q, 128, kv, s_q > 1), monkeypatch) is row
-    assert submission.hopper_paged_kernel(64, row["params"]) is (
-        submission._mla_decode_seesaw_kernel if seesaw else submission._mla_decode_paged_hopper_kernel)
+    assert _serving_route((128, s_q, h_q, 128, kv, s_q > 1), monkeypatch).row is row
+    assert route.kernel is (submission._mla_decode_seesaw_kernel if seesaw else submission._mla_decode_paged_hopper_kernel)
     # pages smaller than a tile: the gathered kernel (NOTES.md h48), the seesaw row's rows at 8 warps
     for page in (1, 16, 32):
-        short = _serving_row((128, s_q, h_q, page, kv, s_q > 1), monkeypatch)
+        short = _serving_route((128, s_q, h_q, page, kv, s_q > 1), monkeypatch)
         # (the fp8 seesaw's rows at 8 warps; the bf16 one's at the 32-row row)
-        assert short is row or (seesaw and submission.route_rows(short) == (64 if kv == "fp8" else 32)
-                                and short["params"].get("pv_f16", False) == (kv == "fp8"))
-        assert submission.hopper_paged_kernel(page, short["params"]) is submission._mla_decode_gathered_hopper_kernel
+        assert short.row is row or (seesaw and submission.route_rows(short.row) == (64 if kv == "fp8" else 32)
+                                    and short.row["params"].get("pv_f16", False) == (kv == "fp8"))
+        assert short.kernel is submission._mla_decode_gathered_hopper_kernel
 
 
 def test_route_rows_default_to_16():
@@ -484,7 +491,7 @@ def test_residency_and_shared_bound_take_the_rows():
                                                    ("bf16", 1, 128, 64, 4), ("bf16", 1, 32, 32, 8),
                                                    ("bf16", 2, 8, 16, 4)])
 def test_hopper_plan_and_launch_take_the_rows_row_count(monkeypatch, kv, s_q, h_q, rows, warps):
-    """_fill_plan cuts s_q x h_q into cdiv(s_q x h_q, rows) groups, aims for one chunk per program
+    """A plan cuts s_q x h_q into cdiv(s_q x h_q, rows) groups, aims for one chunk per program
     slot (132 SMs x programs per SM), and sizes the partials (slots, 512, rows) and their lse
     (slots, rows) by the route row's rows; the launch passes NUM_HEADS = rows, WARPS and the grid
     (groups, chunks + batch), and the combine kernel after it the same rows and workspace. No

@@ -1,7 +1,7 @@
 """The serving API (mla_decode_with_kvcache) on aiter, proven against the strict aiter test double.
 
 submission.py is loaded as a fresh module with the double as its aiter (tests/aiter_double/
-loader.py), as on the MI355X. AITER_SERVING_TABLE then sends one query token over an fp8 cache to
+loader.py), as on the MI355X. SERVING_ROUTE_TABLE's aiter rows then send one query token over an fp8 cache to
 aiter_serving_a8w8_persistent where aiter's persistent a8w8 stage 1 writes an lse (16 / 64 / 128
 heads from 2026-06-11, 32 from 2026-06-26; 16 and 128 heads up to 32 requests), else to
 aiter_serving_fp8 (16 / 128 heads on every generation, 8 from 2026-06-11), bf16 caches to
@@ -99,7 +99,12 @@ def _call(mod, inputs, plan=None, **changes):
 
 def _route_of(mod, kv, heads, s_q, page=16, table=None, batch=2):
     """The route a plan of this shape gets (chosen without running anything; from `table` where given)."""
-    return mod.serving_route_row((batch, s_q, heads, page, kv, True), table)["route"]
+    return mod.serving_route(mod.PlanShape(batch, s_q, heads, page, kv, True), None, 1 << 16, table=table).row["route"]
+
+
+def _without_aiter(mod):
+    """SERVING_ROUTE_TABLE's rows but aiter's: what a machine without aiter chooses from."""
+    return [row for row in mod.SERVING_ROUTE_TABLE if row["route"] not in mod.AITER_SERVING_ROUTES]
 
 
 def _aiter_route(generation, kv, heads, batch):
@@ -140,12 +145,12 @@ def test_the_table_sends_each_case_where_it_is_served(generation):
     for kv in ("fp8", "bf16"):
         for heads in (1, 3, 8, 16, 24, 32, 48, 64, 96, 128, 256):
             for page, batch in ((1, 2), (64, 2), (16, 32), (16, 33), (1, 500)):
-                own = _route_of(mod, kv, heads, 1, page, mod.SERVING_ROUTE_TABLE, batch)
+                own = _route_of(mod, kv, heads, 1, page, _without_aiter(mod), batch)
                 assert own in ("triton_paged", "hopper_paged"), (kv, heads, page, own)
                 want = _aiter_route(generation, kv, heads, batch) or own
                 assert _route_of(mod, kv, heads, 1, page, batch=batch) == want, (kv, heads, page, batch)
             for s_q in (2, 4, 8):  # more than one query token: never aiter
-                assert _route_of(mod, kv, heads, s_q) == _route_of(mod, kv, heads, s_q, 16, mod.SERVING_ROUTE_TABLE)
+                assert _route_of(mod, kv, heads, s_q) == _route_of(mod, kv, heads, s_q, 16, _without_aiter(mod))
 
 
 def test_capabilities_are_read_from_stage_1_and_the_reduce():

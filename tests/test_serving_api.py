@@ -349,9 +349,18 @@ OPTIONAL_PARAMS = {"triton_paged": set(),
 
 
 def test_serving_route_table_is_data_and_covers_both_caches():
+    """One table: aiter's rows first (they exist only where aiter loaded), then the Hopper rows, then
+    a portable catch-all per cache format."""
     formats = {row["kv"] for row in submission.SERVING_ROUTE_TABLE}
     assert formats == {"bf16", "fp8"}
+    routes = [row["route"] for row in submission.SERVING_ROUTE_TABLE]
+    aiter = [route in submission.AITER_SERVING_ROUTES for route in routes]
+    assert aiter == sorted(aiter, reverse=True) and any(aiter), "aiter's rows first"
+    assert routes.index("triton_paged") > max(i for i, route in enumerate(routes) if route == "hopper_paged")
     for row in submission.SERVING_ROUTE_TABLE:
+        if row["route"] in submission.AITER_SERVING_ROUTES:
+            assert set(row) <= {"kv", "heads", "s_q", "max_batch", "needs", "route", "params"}, row
+            continue
         assert set(row["params"]) - OPTIONAL_PARAMS[row["route"]] == ROUTE_PARAMS[row["route"]], row
         assert set(row) <= {"kv", "pages", "max_batch", "min_rows", "route", "params"}, row
     last = {row["kv"]: row for row in submission.SERVING_ROUTE_TABLE}
@@ -369,10 +378,18 @@ def test_serving_route_table_is_data_and_covers_both_caches():
     ((128, 4, 3, 16, "bf16", True), True, "hopper_paged"),
     ((128, 1, 16, 64, "fp8", False), False, "triton_paged"),  # no Hopper GPU
 ])
-def test_serving_route_row_follows_the_table(monkeypatch, shape, hopper, route):
+def test_serving_route_follows_the_table(monkeypatch, shape, hopper, route):
     routes = {"triton_paged"} | ({"hopper_paged"} if hopper else set())
     monkeypatch.setattr(submission, "SERVING_ROUTES", routes)
-    assert submission.serving_route_row(shape)["route"] == route
+    assert submission.serving_route(submission.PlanShape(*shape), None, 1 << 16).row["route"] == route
+
+
+def test_a_cache_tma_cannot_read_takes_the_portable_route(monkeypatch):
+    monkeypatch.setattr(submission, "SERVING_ROUTES", {"triton_paged", "hopper_paged"})
+    shape = submission.PlanShape(128, 1, 16, 64, "fp8", False)
+    assert submission.serving_route(shape, None, 1 << 16).row["route"] == "hopper_paged"
+    route = submission.serving_route(shape, None, 1 << 16, tma_readable=False)
+    assert route.row["route"] == "triton_paged" and route.kernel is submission._mla_decode_kernel
 
 
 def _padded_rows(cache, offset, extra=16):
@@ -441,7 +458,8 @@ def test_a_signatures_direct_launch_repeats_its_first_launch(monkeypatch, route,
     out2, lse2 = run(second, causal=True, plan=plan, k_scale=second["k_scale"] * 2)
     kernel, grid, tensors, scalars = launches[0]
     if route == "hopper_paged":
-        assert kernel is submission.hopper_paged_kernel(page)
+        assert kernel is (submission._mla_decode_gathered_hopper_kernel if page < 64
+                          else submission._mla_decode_paged_hopper_kernel) is plan.kernel
         assert (tensors[1] is first["k_cache"]) == (page < 64), "the gathered kernel reads the cache itself"
         combine, _, combine_tensors, combine_scalars = launches[1]
         assert combine is submission._mla_combine_kernel

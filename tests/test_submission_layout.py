@@ -1,7 +1,15 @@
-"""submission.py reads top to bottom: banner sections in a fixed order, none of which refers at import
-time to a name that a later section defines; the module docstring lists them; sm_scale is handled one
-way (the constant, checked)."""
+"""submission.py reads top to bottom and a newcomer can find the product in it: banner sections in
+a fixed order, none of which refers at import time to a name that a later section defines; the
+module docstring is a map (the sections in order, both entry points, every kernel); the entry
+points come first, typed; the serving route is chosen in one place; the Hopper kernels under their
+own banners with no function over 24 parameters but a kernel entry (none over 40), no positional
+runs of constants in a call and no probe-only parameters; no history ids or speed figures in the
+comments (the serving route table's rows keep one short why each); sm_scale is handled one way (the
+constant, checked)."""
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -12,17 +20,24 @@ import submission
 SOURCE = Path(submission.__file__).read_text()
 SECTIONS = (  # titles (their first words) in reading order: each part after what it depends on
     "Constants",
+    "Entry points",
     "Input checks",
+    "custom_kernel's route",
+    "The serving API's route",
     "Host machinery",
     "Triton kernels and their routes",
     "The Hopper route",
     "aiter routes",
     "Route registry",
-    "Route tables",
-    "Router and custom_kernel",
-    "Serving API",
+    "The serving API's plan and launches",
     "Candidate race",
 )
+HOPPER_PARTS = ("Hopper: shared helpers", "Hopper: the schedule", "Hopper: the tokens-as-M kernels",
+                "Hopper: the seesaw kernel", "Hopper: the combine kernel", "Hopper: host side")
+MAX_PARAMETERS = 24  # any function but a kernel entry
+MAX_KERNEL_PARAMETERS = 40  # a kernel entry (a @jit function named *_kernel)
+HISTORY = re.compile(r"NOTES\.md|\bh\d{1,3}[a-z]?\b|\bv\d-v\d\b")
+SPEED = re.compile(r"\b\d+(?:\.\d+)?x (?:the|faster|slower|FlashMLA)|\b\d\.\d+x\b|\b\d+(?:\.\d+)? us\b")
 RULE = "# " + "=" * 20
 
 
@@ -106,11 +121,121 @@ def test_sections_come_in_reading_order():
         assert title.startswith(expected), (title, expected)
 
 
+def test_the_hopper_section_has_its_parts_in_order():
+    parts = [line[len("# --- "):] for line in SOURCE.splitlines() if line.startswith("# --- Hopper:")]
+    assert len(parts) == len(HOPPER_PARTS), parts
+    for part, expected in zip(parts, HOPPER_PARTS, strict=True):
+        assert part.startswith(expected), (part, expected)
+
+
 def test_the_docstring_lists_the_sections_in_order():
     listed = " ".join(submission.__doc__.split())
-    positions = [listed.lower().find(title.split(" and ")[0].lower()) for title in SECTIONS[1:]]
-    assert -1 not in positions, list(zip(SECTIONS[1:], positions, strict=True))
-    assert positions == sorted(positions), list(zip(SECTIONS[1:], positions, strict=True))
+    positions = [listed.lower().find(title.split(" and ")[0].lower()) for title in SECTIONS]
+    assert -1 not in positions, list(zip(SECTIONS, positions, strict=True))
+    assert positions == sorted(positions), list(zip(SECTIONS, positions, strict=True))
+
+
+def _functions(source=SOURCE):
+    return [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)]
+
+
+def _is_jit(node):
+    return any(ast.unparse(d) in ("triton.jit", "gluon.jit") for d in node.decorator_list)
+
+
+def _kernels(source=SOURCE):
+    return [node.name for node in _functions(source) if _is_jit(node) and node.name.endswith("_kernel")]
+
+
+def test_the_map_names_both_entry_points_and_every_kernel():
+    kernels = _kernels()
+    assert len(kernels) >= 7, kernels
+    for name in ["custom_kernel", "get_mla_decode_metadata", "mla_decode_with_kvcache", *kernels]:
+        assert name in submission.__doc__, name
+    assert len(submission.__doc__.splitlines()) <= 45, "the map fits one screen"
+
+
+def test_the_entry_points_come_first_and_are_typed():
+    functions = [node.name for node in _functions()]
+    entry = [functions.index(name) for name in ("custom_kernel", "get_mla_decode_metadata",
+                                                 "mla_decode_with_kvcache")]
+    assert max(entry) < functions.index("check_inputs"), "the entry points before everything they call"
+    for node in _functions():
+        if node.name in ("custom_kernel", "get_mla_decode_metadata", "mla_decode_with_kvcache"):
+            assert node.returns is not None, node.name
+            assert all(arg.annotation is not None for arg in node.args.args), node.name
+    plan = submission.MlaDecodePlan()
+    assert {"num_splits", "shape", "route", "kernel", "spans", "workspace", "launches"} <= set(vars(plan))
+    assert submission.PlanShape._fields == ("batch", "s_q", "h_q", "page_size", "kv", "causal")
+
+
+def test_the_serving_route_is_chosen_in_one_place():
+    """SERVING_ROUTE_TABLE is read by serving_route alone, which names the kernel (aiter's route, the
+    Hopper kernel by page size, the portable kernel for a cache TMA cannot read) and the span
+    schedule; nothing else picks a serving kernel."""
+    readers = {node.name for node in _functions()
+               if any(isinstance(n, ast.Name) and n.id == "SERVING_ROUTE_TABLE" for n in ast.walk(node))}
+    assert readers == {"serving_route"}, readers
+    for name in ("AITER_SERVING_TABLE", "serving_route_row", "hopper_paged_kernel", "takes_span_kernel"):
+        assert not hasattr(submission, name), name
+    pickers = {node.name for node in _functions() if not _is_jit(node) and any(
+               isinstance(n, ast.Name) and n.id == "_mla_decode_seesaw_kernel" for n in ast.walk(node))}
+    assert pickers == {"serving_route"}, pickers
+
+
+def test_no_function_has_too_many_parameters():
+    for node in _functions():
+        count = len(node.args.posonlyargs) + len(node.args.args) + len(node.args.kwonlyargs)
+        limit = MAX_KERNEL_PARAMETERS if _is_jit(node) and node.name.endswith("_kernel") else MAX_PARAMETERS
+        assert count <= limit, (node.name, count, limit)
+
+
+def _positional_constant_runs(source):
+    """[(line, callee)] of calls to the module's own functions with two or more constants (numbers,
+    booleans, None) in a row among their positional arguments."""
+    defined = {node.name for node in ast.parse(source).body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defined:
+            run = 0
+            for arg in node.args:
+                run = run + 1 if isinstance(arg, ast.Constant) and not isinstance(arg.value, str) else 0
+                if run >= 2:
+                    found.append((node.lineno, node.func.id))
+                    break
+    return found
+
+
+def test_no_positional_runs_of_constants():
+    assert _positional_constant_runs(SOURCE) == []
+    assert _positional_constant_runs("def f(*a):\n    pass\nf(1, 0, 0)\n") == [(3, "f")]
+    assert _positional_constant_runs("def f(*a, **k):\n    pass\nf(1, x=0, y=0)\n") == []
+
+
+def test_no_probe_only_parameters():
+    for node in _functions():
+        assert "TRACE" not in [arg.arg for arg in node.args.args + node.args.kwonlyargs], node.name
+
+
+def _comments(source):
+    """[(line, text)] of every comment and docstring, without the serving route table's row comments
+    (one short why per row may cite the notes' ids)."""
+    table = next(node for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "SERVING_ROUTE_TABLE")
+    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT and not table.lineno <= tok.start[0] <= table.end_lineno]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)) and ast.get_docstring(node):
+            found.append((getattr(node, "lineno", 1), ast.get_docstring(node)))
+    return found
+
+
+def test_no_history_ids_or_speed_figures_in_the_comments():
+    assert [(line, text) for line, text in _comments(SOURCE) if HISTORY.search(text)] == []
+    assert [(line, text) for line, text in _comments(SOURCE) if SPEED.search(text)] == []
+    planted = "SERVING_ROUTE_TABLE = [\n    # why (h42)\n]\n# faster (NOTES.md h43)\nX = 1  # 1.24x the old\n"
+    assert [text for _, text in _comments(planted) if HISTORY.search(text)] == ["# faster (NOTES.md h43)"]
+    assert [text for _, text in _comments(planted) if SPEED.search(text)] == ["# 1.24x the old"]
 
 
 def test_no_section_uses_a_later_one_at_import_time():

@@ -2,7 +2,7 @@
 """The PTX of every sm_90 configuration of submission.py, compiled on the CPU, to show that a change
 of the source (a restructure, a rename) leaves every kernel as it was.
 
-    python tools/ptx_snapshot.py snapshot DIR [--module FILE] [--jobs N] [--only REGEX]
+    python tools/ptx_snapshot.py snapshot DIR [--module FILE] [--jobs N] [--only REGEX] [--target sm90|gfx950|...]
     python tools/ptx_snapshot.py compare BEFORE AFTER
 
 snapshot: every row of the route tables and every candidate it races (custom_kernel's and the
@@ -41,18 +41,20 @@ if str(REPO_ROOT) not in sys.path:
 
 from tools import kernel_report  # noqa: E402
 
-TARGET = "sm90"
+TARGET = "sm90"  # the default; --target gfx950 (or gfx942) compares the AMD assembly the same way
 
 
 def normalise(ptx, kernel_name="KERNEL"):
-    """PTX without its debug sections, .loc lines, the labels that mark inlined functions' scopes for
-    the debugger ($L__tmp) and comment lines; the kernel's name as KERNEL."""
+    """PTX (or AMD assembly) without its debug sections, .loc lines, the labels that mark inlined
+    functions' scopes for the debugger ($L__tmp, .Ltmp) and comment lines; the kernel's name as
+    KERNEL."""
     lines = []
     for line in ptx.splitlines():
         stripped = line.strip()
-        if stripped.startswith(".file"):
+        if stripped.startswith((".file", ".section\t.debug", ".section .debug")):
             break
-        if stripped.startswith((".loc", "//")) or re.fullmatch(r"\$L__tmp\d+:", stripped):
+        if (stripped.startswith((".loc", "//", ";", ".Lfunc_end", ".Ltmp")) or re.fullmatch(r"\$L__tmp\d+:", stripped)
+                or re.fullmatch(r"\.Ltmp\d+:", stripped)):
             continue
         lines.append(line)
     return re.sub(rf"\b{re.escape(kernel_name)}\b", "KERNEL", "\n".join(lines)) + "\n"
@@ -71,16 +73,17 @@ def launch_forms(entry):
     return forms
 
 
-def units(module):
-    """[(key, label, description, plan entry)] of every configuration to compile for sm_90."""
+def units(module, target=TARGET):
+    """[(key, label, description, plan entry)] of every configuration to compile for the target."""
     rows = kernel_report.discover_rows(module, getattr(module, "TRITON_COMPILE_PLANS", {}))
     found = []
     for row in rows:
-        if TARGET not in row["targets"]:
+        if target not in row["targets"]:
             continue
-        plan = module.triton_compile_plan(row["route"], copy.deepcopy(row["params"]), "fp8e4nv")
+        plan = module.triton_compile_plan(row["route"], copy.deepcopy(row["params"]),
+                                          kernel_report.TARGETS[target].fp8_dtype)
         for index, entry in enumerate(plan):
-            if TARGET not in (entry.get("targets") or [TARGET]):
+            if target not in (entry.get("targets") or [target]):
                 continue
             for form, compiled in launch_forms(entry):
                 description = f"{row['label']} #{index} {form}"
@@ -96,22 +99,22 @@ def identity(entry):
                        entry.get("options")], sort_keys=True, default=str)
 
 
-def compile_one(module_path, key):
-    """Worker: compile the unit `key` of the module and return (kernel name, normalised PTX)."""
+def compile_one(module_path, key, target=TARGET):
+    """Worker: compile the unit `key` of the module and return (kernel name, normalised assembly)."""
     module = kernel_report.load_module(module_path)
-    for unit_key, _, _, entry in units(module):
+    spec = kernel_report.TARGETS[target]
+    for unit_key, _, _, entry in units(module, target):
         if unit_key == key:
-            kernel, signature, constexprs, attrs, options = kernel_report.complete_plan_entry(
-                entry, kernel_report.TARGETS[TARGET])
-            compiled = kernel_report.compile_unit(kernel, signature, constexprs, attrs, options,
-                                                  kernel_report.TARGETS[TARGET])
-            return kernel.fn.__name__, normalise(compiled.asm["ptx"], compiled.metadata.name)
+            kernel, signature, constexprs, attrs, options = kernel_report.complete_plan_entry(entry, spec)
+            compiled = kernel_report.compile_unit(kernel, signature, constexprs, attrs, options, spec)
+            asm = compiled.asm["amdgcn" if spec.is_amd else "ptx"]
+            return kernel.fn.__name__, normalise(asm, compiled.metadata.name)
     raise KeyError(key)
 
 
-def snapshot(out_dir, module_path, jobs, only=None):
+def snapshot(out_dir, module_path, jobs, only=None, target=TARGET):
     module = kernel_report.load_module(module_path)
-    found = [unit for unit in units(module) if only is None or re.search(only, unit[2])]
+    found = [unit for unit in units(module, target) if only is None or re.search(only, unit[2])]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {}
@@ -126,7 +129,7 @@ def snapshot(out_dir, module_path, jobs, only=None):
             result = Path(tmp, key + ".json")
             env = dict(os.environ, TRITON_CACHE_DIR=str(Path(tmp, "cache", key)))
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "worker", str(module_path), key,
-                                   str(result)], env=env, capture_output=True, text=True)
+                                   str(result), "--target", target], env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 return unit, None, proc.stderr[-2000:]
             return unit, json.loads(result.read_text()), None
@@ -187,6 +190,7 @@ def main(argv=None):
     snap.add_argument("--module", default=str(REPO_ROOT / "submission.py"))
     snap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     snap.add_argument("--only", metavar="REGEX", help="only the compiles whose description this finds")
+    snap.add_argument("--target", default=TARGET, choices=sorted(kernel_report.TARGETS))
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("before")
     cmp_.add_argument("after")
@@ -195,12 +199,13 @@ def main(argv=None):
     work.add_argument("module")
     work.add_argument("key")
     work.add_argument("out")
+    work.add_argument("--target", default=TARGET)
     args = parser.parse_args(argv)
     if args.command == "snapshot":
-        return snapshot(args.dir, Path(args.module).resolve(), args.jobs, args.only)
+        return snapshot(args.dir, Path(args.module).resolve(), args.jobs, args.only, args.target)
     if args.command == "compare":
         return compare(args.before, args.after, args.partial)
-    Path(args.out).write_text(json.dumps(compile_one(args.module, args.key)))
+    Path(args.out).write_text(json.dumps(compile_one(args.module, args.key, args.target)))
     return 0
 
 
