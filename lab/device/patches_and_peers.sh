@@ -20,23 +20,27 @@ python3 -c "import torch, triton; print(torch.__version__, triton.__version__, t
     >> "$OUT/device.txt"
 
 # 1. peers
-build() { local name=$1; shift; ( timeout 330 "$@" > "/tmp/build_$name.log" 2>&1 && echo "$name built at $(( $(date +%s) - START )) s" \
+TIMING=${TIMING:-$(( BUDGET * 2 / 5 ))}  # the seconds kept for step 3
+build() { local name=$1; shift; ( timeout $(( BUDGET - TIMING - 10 )) "$@" > "/tmp/build_$name.log" 2>&1 && echo "$name built at $(( $(date +%s) - START )) s" \
           || echo "$name FAILED at $(( $(date +%s) - START )) s" ) >> /tmp/builds.log; }
-MAX_JOBS=5 build flashmla bash .peers/flashmla_build.sh /tmp/flashmla &
-MAX_JOBS=5 build vllm_fp8 bash .peers/vllm_fp8_build.sh /tmp/vllm_fp8 &
-[ -e .fa3/fa3_build.sh ] && MAX_JOBS=6 build fa3 bash .fa3/fa3_build.sh /tmp/fa3 &
-if [ -e .fi/flashinfer_kit.tar.xz ]; then
+if [ -z "${NO_PEERS:-}" ]; then  # NO_PEERS=1: the versions alone (no builds, no FlashInfer)
+  MAX_JOBS=5 build flashmla bash .peers/flashmla_build.sh /tmp/flashmla &
+  MAX_JOBS=5 build vllm_fp8 bash .peers/vllm_fp8_build.sh /tmp/vllm_fp8 &
+  [ -e .fa3/fa3_build.sh ] && MAX_JOBS=6 build fa3 bash .fa3/fa3_build.sh /tmp/fa3 &
+fi
+touch /tmp/builds.log
+if [ -z "${NO_PEERS:-}" ] && [ -e .fi/flashinfer_kit.tar.xz ]; then
   mkdir -p /tmp/site && tar xJf .fi/flashinfer_kit.tar.xz -C /tmp/site &&
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .fi/apache_tvm_ffi-*.whl > /tmp/build_fi.log 2>&1
   export PYTHONPATH=/tmp/site FLASHINFER_DISABLE_JIT=1
 fi
 
 # 2. every kernel compiled and checked, a process per version
-GRIDS=${GRIDS:-C,A,B}
+GRIDS=${GRIDS:-A,B,C}
 VARIANTS=""
 for v in .device/variants/*.py; do VARIANTS="$VARIANTS --variant $(basename "$v" .py)=$v"; done
 warm() {  # $1: a providers regex
-  timeout $(( $(left) - 300 )) python3 bench/serving_peers.py --grids "$GRIDS" --skip-32k --repeats 1 \
+  timeout $(( $(left) - TIMING )) python3 bench/serving_peers.py --grids "$GRIDS" --skip-32k --repeats 1 \
       --host-repeats 1 --no-flashinfer $VARIANTS --providers "$1" > "/tmp/warm_$2.log" 2>&1
   echo "warm $2 rc=$? at $(( $(date +%s) - START )) s" >> /tmp/warm.log
 }
@@ -55,6 +59,7 @@ PEERS=""
 [ -e /tmp/vllm_fp8/build ] && cp .peers/peer_vllm_fp8.py /tmp/vllm_fp8/ && PEERS="$PEERS --vllm-fp8 /tmp/vllm_fp8"
 [ -d /tmp/fa3/build ] && PEERS="$PEERS --fa3 /tmp/fa3/build"
 echo "timing from $(( $(date +%s) - START )) s with$PEERS"
+[ -n "${NO_PEERS:-}" ] && PEERS="--no-flashinfer"
 python3 bench/serving_peers.py --grids "$GRIDS" --skip-32k --repeats 5 --host-repeats 3 $PEERS $VARIANTS \
     --max-seconds $(( $(left) - 45 )) --json "$OUT/peers.json" > "$OUT/peers.txt" 2>&1
 echo "done at $(( $(date +%s) - START )) s"
