@@ -893,10 +893,11 @@ SERVING_ROUTE_TABLE = [
     # aiter: bf16 with stage 2's merged lse, 2-16 splits so that stage 2 writes it (h37a)
     {"kv": "bf16", "heads": (16, 64, 128), "s_q": (1,), "needs": ("decode_lse",), "route": "aiter_serving_bf16",
      "params": {}},
-    # Hopper fp8, 64+ rows on pages of whole tiles: the seesaw kernel (h51-h54, h63)
+    # Hopper fp8, 64+ rows on pages of whole tiles: the seesaw kernel (h51-h54, h63), spans cut by tiles
+    # plus 8 a segment (h83)
     {"kv": "fp8", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
      "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
-                "seesaw": True}},
+                "seesaw": True, "segment_tiles": 8}},
     # Hopper fp8, 64+ rows on shorter pages: 64 rows at 8 warps, P.V in f16 (h43, h44c)
     {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
      "params": {"rows": 64, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
@@ -908,17 +909,18 @@ SERVING_ROUTE_TABLE = [
     # Hopper fp8, fewer rows: 16 rows at 4 warps, P.V in f16 (h43)
     {"kv": "fp8", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
      "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True, "pv_f16": True}},
-    # Hopper bf16, 64+ rows on pages of whole tiles: the seesaw kernel on 32-token tiles (h65)
+    # Hopper bf16, 64+ rows on pages of whole tiles: the seesaw kernel on 32-token tiles (h65), spans as
+    # fp8's (h83)
     {"kv": "bf16", "pages": (64, 128), "max_batch": 1024, "min_rows": 64, "route": "hopper_paged",
      "params": {"rows": 64, "num_warps": 4, "num_stages": 4, "waves": 1, "min_chunk": 256, "spans": True,
-                "seesaw": True, "block_n": 32}},
+                "seesaw": True, "block_n": 32, "segment_tiles": 8}},
     # Hopper bf16, 32+ rows: 32 rows at 8 warps (h40, h44c)
     {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "min_rows": 32, "route": "hopper_paged",
      "params": {"rows": 32, "num_warps": 8, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True,
                 "shared_max": True}},
-    # Hopper bf16, fewer rows: 16 rows, chunks only (its span tile loop spills: h42)
+    # Hopper bf16, fewer rows: 16 rows with spans (h76)
     {"kv": "bf16", "pages": SERVING_PAGE_SIZES, "max_batch": 1024, "route": "hopper_paged",
-     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256}},
+     "params": {"num_warps": 4, "num_stages": 2, "waves": 1, "min_chunk": 256, "spans": True}},
     # the portable kernel: every other case, and every GPU and the CPU (h36, h38)
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
@@ -1052,12 +1054,39 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, fl
             # every constexpr in signature order, defaults included, as Triton's own launch passes them
             values = dict(keyword_defaults(kernel), **constexprs)
             _keep_descriptor_encodings(compiled)
-            entry = _COMPILED[key] = (compiled[(*grid, 1, 1)[:3]],
+            entry = _COMPILED[key] = (_direct_launcher(compiled, (*grid, 1, 1)[:3]),
                                       tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
         return entry
     run_compiled, constexpr_values = entry
     run_compiled(*tensors, *scalars, *constexpr_values)
     return entry
+
+
+def _direct_launcher(compiled, grid):
+    """compiled[grid] (Triton 3.6's runner) without its per-call Python, for launches with no launch
+    hook installed (launch() and the serving API's recorded launches check that on every call).
+
+    Triton's runner builds, per launch, the hooks' metadata (a dict of every argument by name) and
+    its C launch function calls both (empty) hook chains back in Python; its CUDA launcher then
+    sizes two scratch buffers. Here the C launch function gets what that path gives it, the
+    current device's current queue read per call as the runner reads it, no metadata and no hooks
+    (what Triton passes where none is installed). Kernels that take global or profile scratch, and
+    launchers that are not 3.6's CudaLauncher, keep Triton's runner."""
+    runner = compiled[grid]
+    launcher = getattr(compiled, "run", None)
+    c_launch = getattr(launcher, "launch", None)
+    current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton 3.6's driver reads
+    if (type(launcher).__name__ != "CudaLauncher" or c_launch is None or current_stream is None
+            or getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1)):
+        return runner
+    grid_x, grid_y, grid_z = grid
+    head = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+            compiled.packed_metadata, None, None, None)
+    current_device = torch.cuda.current_device
+
+    def run(*args):
+        c_launch(grid_x, grid_y, grid_z, current_stream(current_device()), *head, *args)
+    return run
 
 
 def _closure_cells(fn):
@@ -2645,7 +2674,7 @@ def _serving_work(CACHE_SEQLENS, work, batch_size, capacity, target_splits, min_
 
 @gluon.jit
 def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chunk, MAX_SPLITS: gl.constexpr,
-                BATCH_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+                BATCH_BLOCK: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr, SEGMENT_TILES: gl.constexpr = 0):
     """The span schedule, computed by every program from cache_seqlens (no host sync: a replayed
     graph follows new lengths). The batch's tiles, request after request (each request counts
     cdiv(length, BLOCK_N) tiles, at least one: an empty or poisoned request still writes its
@@ -2653,12 +2682,16 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     share of the batch's tokens, whatever the lengths. `used`: at most `programs`,
     each span at least min_chunk tokens' worth of tiles, and so many that no request meets more
     than MAX_SPLITS spans (its merge's widest layout). A span's part of each request it touches
-    is one segment; a request's splits are the spans it meets, numbered from its first. Returns
-    (whether this call takes spans rather than _serving_work's chunks, the program's segments,
-    its first request, that request's first tile, the batch's tiles, used); _span_segment steps
-    from there request by request, in scalars."""
+    is one segment; a request's splits are the spans it meets, numbered from its first. Where a
+    segment costs a kernel more than its tiles (SEGMENT_TILES: its q, epilogue and partial store in
+    tiles' time), each request counts that many units before its tiles, so that a program meeting
+    more requests takes fewer tiles (FlashMLA's scheduler does as much per segment).
+    Returns (whether this call takes spans rather than _serving_work's chunks, the program's
+    segments, its first request, that request's first unit, the batch's units, used); _span_segment
+    steps from there request by request, in scalars."""
     i, _, lengths = _batch_lengths(CACHE_SEQLENS, batch_size, capacity, BATCH_BLOCK, WARPS)
-    units = gl.where(i < batch_size, _request_tiles(lengths, BLOCK_N), 0)
+    tiles = gl.where(i < batch_size, _request_tiles(lengths, BLOCK_N), 0)
+    units = gl.where(i < batch_size, tiles + SEGMENT_TILES, 0)
     ends = gl.associative_scan(units, 0, _add)
     starts = ends - units
     total = gl.sum(units, 0)
@@ -2667,9 +2700,10 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
                       (MAX_SPLITS - 1) * total // widest)
     used = gl.maximum(used, 1)
     span_begin, span_end = _span_bounds(program, total, used)
-    before = ends <= span_begin  # requests wholly before the span
+    before = ends <= span_begin  # requests whose tiles are wholly before the span
     request = gl.sum(before.to(gl.int32), 0)
-    segments = gl.maximum(gl.sum(((starts < span_end) & (i < batch_size)).to(gl.int32), 0) - request, 0)
+    segments = gl.maximum(gl.sum(((starts + SEGMENT_TILES < span_end) & (i < batch_size)).to(gl.int32), 0) - request,
+                          0)
     tile_begin = gl.sum(gl.where(before, units, 0), 0)
     # Which schedule this call takes: each one's time in tiles of its busiest program (a split
     # request costs 3/8 of a tile per pass of its merge's split-count class, a term from when the
@@ -2678,13 +2712,14 @@ def _span_start(CACHE_SEQLENS, program, batch_size, capacity, programs, min_chun
     # total) + 1 spans), the spans only when strictly shorter. Chunks (_serving_work) keep a
     # uniform batch's requests whole or evenly cut, spans cut across requests and merge more.
     chunk_tiles = _chunk_tokens(lengths, programs, min_chunk, MAX_SPLITS, BLOCK_N) // BLOCK_N
-    chunk_splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(units, chunk_tiles), 1), 0)
+    chunk_splits = gl.where(i < batch_size, gl.maximum(gl.cdiv(tiles, chunk_tiles), 1), 0)
     items = gl.sum(chunk_splits, 0)
-    biggest = gl.minimum(chunk_tiles, widest)
-    chunk_time = gl.where(items <= programs, biggest, gl.cdiv(total, programs) + biggest) * 8 \
+    biggest = gl.minimum(chunk_tiles, gl.max(tiles, 0)) + SEGMENT_TILES  # a chunk is one segment
+    chunk_time = gl.where(items <= programs, biggest,
+                          gl.cdiv(gl.sum(tiles, 0) + items * SEGMENT_TILES, programs) + biggest) * 8 \
         + 3 * _merge_passes(gl.max(chunk_splits, 0))
     span_splits = gl.minimum(((widest.to(gl.int64) * used + total - 1) // total).to(gl.int32) + 1, MAX_SPLITS)
-    span_time = gl.cdiv(total, used) * 8 + 3 * _merge_passes(span_splits)
+    span_time = (gl.cdiv(total, used) + SEGMENT_TILES) * 8 + 3 * _merge_passes(span_splits)  # a cut segment's cost
     spans = span_time < chunk_time
     return spans, segments, request, tile_begin, total, used
 
@@ -2705,13 +2740,16 @@ def _span_bounds(program, total, used):
 
 
 @gluon.jit
-def _span_segment(CACHE_SEQLENS, program, request, tile_begin, total, used, capacity, BLOCK_N: gl.constexpr):
-    """A segment of _span_start's schedule: this program's part of `request`, whose tiles start at
-    tile_begin. Returns (split, the request's split count, its first partial slot, split begin
-    and end in tokens, request length, poison, the request's end tile). A length < 0 or >
-    capacity (what the request's block-table row holds) is poisoned: NaN rows, nothing read."""
+def _span_segment(CACHE_SEQLENS, program, request, unit_begin, total, used, capacity, BLOCK_N: gl.constexpr,
+                  SEGMENT_TILES: gl.constexpr = 0):
+    """A segment of _span_start's schedule: this program's part of `request`, whose units start at
+    unit_begin (its SEGMENT_TILES units, then its tiles). Returns (split, the request's split count,
+    its first partial slot, split begin and end in tokens, request length, poison, the request's end
+    unit). A length < 0 or > capacity (what the request's block-table row holds) is poisoned: NaN
+    rows, nothing read."""
     raw = gl.load(CACHE_SEQLENS + request)
     seq_len = _used_length(raw, capacity)
+    tile_begin = unit_begin + SEGMENT_TILES
     tile_end = tile_begin + _request_tiles(seq_len, BLOCK_N)
     span_begin, span_end = _span_bounds(program, total, used)
     first_span = (((tile_begin + 1).to(gl.int64) * used - 1) // total).to(gl.int32)
@@ -3221,14 +3259,14 @@ SW_TAU = gl.constexpr(0.8)
 
 @gluon.jit
 def _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk,
-             BLOCK_N: gl.constexpr):
+             BLOCK_N: gl.constexpr, SEGMENT_TILES: gl.constexpr):
     """A segment of the seesaw kernel's work: with spans, the program's part of `request` (whose
     tiles start at tile_begin; _span_segment), else its chunk (_serving_work's values after the
     request, in `chunk`). Returns (split, the request's split count, its first partial slot,
     split begin and end, request length, poison, the request's end tile, live, tiles)."""
     if spans:
         split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end = _span_segment(
-            CACHE_SEQLENS, program, request, tile_begin, total, used, capacity, BLOCK_N)
+            CACHE_SEQLENS, program, request, tile_begin, total, used, capacity, BLOCK_N, SEGMENT_TILES)
     else:
         split, num_splits, first_work, kv_begin, kv_end, seq_len, poison = chunk
         tile_end = tile_begin
@@ -3239,7 +3277,7 @@ def _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, ca
 
 @gluon.jit
 def _sw_loader(cache, ring, tables, sched, sizes, stride_bt, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr,
-               BLOCK_N: gl.constexpr):
+               BLOCK_N: gl.constexpr, SEGMENT_TILES: gl.constexpr):
     """The loader warp: every tile of the program's segments, in order, into ring slot g % STAGES
     (g: the tile's number across segments) once both compute warpgroups released tile g - STAGES.
     A block id outside the cache is read at kv_rows (TMA reads zeros there); the compute
@@ -3253,7 +3291,7 @@ def _sw_loader(cache, ring, tables, sched, sizes, stride_bt, STAGES: gl.constexp
     consumed = 0
     for _segment in range(segments):
         work = _sw_work(CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk,
-                        BLOCK_N)
+                        BLOCK_N, SEGMENT_TILES)
         kv_begin, tile_end, num_tiles = work[3], work[7], work[9]
         bt_row = BLOCK_TABLE + request.to(gl.int64) * stride_bt
         for t in range(num_tiles):
@@ -3433,7 +3471,7 @@ def _sw_running_max(m_smem, m_run):
 @gluon.jit
 def _sw_compute(smem, bars, io, sched, scales, sizes, strides, FP8_MAX: gl.constexpr, STAGES: gl.constexpr,
                 PAGE_SIZE: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr,
-                WG: gl.constexpr):
+                WG: gl.constexpr, SEGMENT_TILES: gl.constexpr):
     """Compute warpgroup WG (4 warps) over the program's segments. Per segment: its 32 rows of q
     (_sw_stage_q; both warpgroups' on `staged`), then per pair of tiles (2j, 2j + 1), both
     warpgroups in step: S of tile 2j + WG, its row maxima exchanged through m_smem
@@ -3465,7 +3503,8 @@ def _sw_compute(smem, bars, io, sched, scales, sizes, strides, FP8_MAX: gl.const
     pairs = 0
     for segment in range(segments):
         split, num_splits, first_work, kv_begin, kv_end, seq_len, poison, tile_end, live, num_tiles = _sw_work(
-            CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk, BLOCK_N)
+            CACHE_SEQLENS, program, spans, request, tile_begin, total, used, capacity, batch_size, chunk, BLOCK_N,
+            SEGMENT_TILES)
         # q: the epilogue's `fin` of the segment before ordered both warpgroups' last S before this
         _sw_stage_q(Q, q_latent, q_rope, q_scale, kv_scale, request, group, live, num_heads, q_len, stride_q_batch,
                     stride_q_token, stride_q_head, WG, FP8_MAX)
@@ -3597,7 +3636,7 @@ def _mla_decode_seesaw_kernel(
     CAUSAL: gl.constexpr = False, KV_SCALE_IN_TENSOR: gl.constexpr = True, BATCH_BLOCK: gl.constexpr = 32,
     MAX_SPLITS: gl.constexpr = 16, KV_FP8: gl.constexpr = True, NUM_HEADS: gl.constexpr = 64,
     BLOCK_N: gl.constexpr = 64, SPANS: gl.constexpr = False, PV_F16: gl.constexpr = False,
-    SHARED_MAX: gl.constexpr = False,
+    SHARED_MAX: gl.constexpr = False, SEGMENT_TILES: gl.constexpr = 0,
 ):
     """The serving API's caches on pages of whole tiles with query rows as the MMA's M: grid and
     schedule as _mla_decode_paged_hopper_kernel's (row groups of 64 query rows x chunks, or spans),
@@ -3628,7 +3667,8 @@ def _mla_decode_seesaw_kernel(
     used = zero + 1
     if SPANS:
         spans, span_segments, span_request, tile_begin, total, used = _span_start(
-            CACHE_SEQLENS, program, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N, 4)
+            CACHE_SEQLENS, program, batch_size, capacity, target_splits, min_chunk, MAX_SPLITS, BATCH_BLOCK, BLOCK_N, 4,
+            SEGMENT_TILES)
         segments = gl.where(spans, span_segments, 1)
         request = gl.where(spans, span_request, request)
     KV_DTYPE: gl.constexpr = gl.float8e4nv if KV_FP8 else gl.bfloat16
@@ -3664,13 +3704,13 @@ def _mla_decode_seesaw_kernel(
     strides = (q_strides, stride_bt, out_strides)
     gl.warp_specialize([
         (_sw_compute, (smem, bars, io, sched, (kv_scale, sm_scale_log2), sizes, strides, FP8_MAX, STAGES, PAGE_SIZE,
-                       CAUSAL, BLOCK_N, KV_FP8, 0)),
+                       CAUSAL, BLOCK_N, KV_FP8, 0, SEGMENT_TILES)),
         (_sw_compute, (smem, bars, io, sched, (kv_scale, sm_scale_log2), sizes, strides, FP8_MAX, STAGES, PAGE_SIZE,
-                       CAUSAL, BLOCK_N, KV_FP8, 1)),
+                       CAUSAL, BLOCK_N, KV_FP8, 1, SEGMENT_TILES)),
         (_sw_loader, ((lat_desc, rope_desc), (kv_latent, kv_rope, loaded, free), (CACHE_SEQLENS, BLOCK_TABLE),
                       (program, spans, segments, request, tile_begin, total, used, chunk),
-                      (capacity, batch_size, kv_rows, num_blocks), stride_bt, STAGES, PAGE_SIZE,
-                      BLOCK_N))],
+                      (capacity, batch_size, kv_rows, num_blocks), stride_bt, STAGES, PAGE_SIZE, BLOCK_N,
+                      SEGMENT_TILES))],
         [4, 1], [240, 32])
 
 
@@ -3960,10 +4000,12 @@ def _hopper_paged_signature(kernel, cache, tokens=64):
 
 def hopper_row_constexprs(params):
     """The Hopper paged kernels' constexprs that a hopper_paged route row's params fix, for the
-    compile plan and the launch alike (BLOCK_N only where the row names its tile: the bf16 seesaw's)."""
+    compile plan and the launch alike (BLOCK_N only where the row names its tile: the bf16 seesaw's;
+    SEGMENT_TILES where it names a segment's cost: the seesaw's)."""
     return {"STAGES": params["num_stages"], "WARPS": params["num_warps"], "NUM_HEADS": params.get("rows", SERVING_ROWS),
             "PV_F16": params.get("pv_f16", False), "SHARED_MAX": params.get("shared_max", False),
-            **({"BLOCK_N": params["block_n"]} if "block_n" in params else {})}
+            **({"BLOCK_N": params["block_n"]} if "block_n" in params else {}),
+            **({"SEGMENT_TILES": params["segment_tiles"]} if "segment_tiles" in params else {})}
 
 
 def _hopper_paged_plan(params, cache, page_sizes, causal, batch):

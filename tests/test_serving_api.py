@@ -343,9 +343,9 @@ def test_bad_input_is_a_value_error_naming_the_field(name, field, overrides):
 
 ROUTE_PARAMS = {"triton_paged": {"block_n", "num_warps", "num_stages"},
                 "hopper_paged": {"num_warps", "num_stages", "waves", "min_chunk"}}
-# where absent: rows 16, spans, pv_f16, shared_max and seesaw off
+# where absent: rows 16, spans, pv_f16, shared_max and seesaw off, segment_tiles 0
 OPTIONAL_PARAMS = {"triton_paged": set(),
-                   "hopper_paged": {"rows", "spans", "pv_f16", "shared_max", "seesaw", "block_n"}}
+                   "hopper_paged": {"rows", "spans", "pv_f16", "shared_max", "seesaw", "block_n", "segment_tiles"}}
 
 
 def test_serving_route_table_is_data_and_covers_both_caches():

@@ -249,6 +249,46 @@ def test_kept_descriptor_encodings_launch_what_triton_launches(monkeypatch):
     assert kept_calls[0][13] is q and kept_calls[0][14] is descriptor.base and kept_calls[1][-2:] == (6, 2)
 
 
+def _recording_compiled_kernel(calls, global_scratch=0):
+    """A CompiledKernel of Triton 3.6 whose CudaLauncher's C launch function records its arguments."""
+    from triton.backends.nvidia import driver as nv
+    from triton.compiler.compiler import CompiledKernel
+
+    launcher = nv.CudaLauncher.__new__(nv.CudaLauncher)
+    launcher.launch = lambda *args: calls.append(args)
+    launcher.num_ctas, launcher.global_scratch_size, launcher.profile_scratch_size = 1, global_scratch, 0
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+    launcher.launch_cooperative_grid, launcher.launch_pdl = False, True
+    compiled = CompiledKernel.__new__(CompiledKernel)
+    compiled._run, compiled.module, compiled.function, compiled.packed_metadata = launcher, 1, 1234, (4, 1, 0)
+    return compiled
+
+
+def test_direct_launcher_gives_the_c_launch_what_triton_gives_it(monkeypatch):
+    """_direct_launcher: the C launch function gets the arguments Triton's CudaLauncher passes it
+    with no launch hook installed (grid, the current device's current queue read on every call, the
+    kernel, its cooperative and programmatic-launch flags, no scratch, its metadata, no hook
+    metadata, no hooks, then the kernel's arguments); a kernel that takes scratch keeps Triton's runner."""
+    from triton.backends.nvidia import driver as nv
+    streams = iter([77, 78])
+    monkeypatch.setattr(submission.torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(submission.torch._C, "_cuda_getCurrentRawStream",
+                        lambda device: (device, next(streams)), raising=False)
+    ours, triton_calls = [], []
+    compiled, reference = _recording_compiled_kernel(ours), _recording_compiled_kernel(triton_calls)
+    run = submission._direct_launcher(compiled, (5, 2, 1))
+    q = torch.zeros(4)
+    run(q, 7, 0.5)
+    run(q, 8, 0.5)
+    for stream, n in (((3, 77), 7), ((3, 78), 8)):
+        nv.CudaLauncher.__call__(reference.run, 5, 2, 1, stream, reference.function, reference.packed_metadata, None,
+                                 None, None, q, n, 0.5)
+    assert ours == triton_calls and len(ours) == 2
+    assert ours[0][:3] == (5, 2, 1) and ours[0][3] == (3, 77) and ours[1][3] == (3, 78) and ours[0][6] is True
+    scratch = _recording_compiled_kernel([], global_scratch=256)
+    assert submission._direct_launcher(scratch, (5, 2, 1)).__name__ == "runner"  # Triton's own (allocates)
+
+
 # ---------------------------------------------------------------------------------------------
 # gfx950-shaped tiles (the picks of tools/gfx950_sweep.py): the same attention as the H200 shape
 
