@@ -39,7 +39,7 @@ TEST_WORKERS ?= auto
 TUNE_FLAGS ?=
 TUNE_WRITE := $(if $(filter 1 yes true,$(WRITE)),--write,)
 
-.PHONY: help setup eval test lint preflight tune clean-venv
+.PHONY: help setup eval test lab-test lint preflight tune clean-venv
 
 help:
 	@echo "make setup      create .venv and install what is missing (Python >= 3.10 with venv)"
@@ -47,6 +47,7 @@ help:
 	@echo "                EVAL_FLAGS=... replaces the default --strict"
 	@echo "make test       lint, preflight, then the test suite (GPU-only tests skip without a GPU);"
 	@echo "                TEST_WORKERS=N sets its pytest-xdist workers (default auto, at most 8)"
+	@echo "make lab-test   the lab's own tests (lab/tests: its probes, traces and sweeps; not part of make test)"
 	@echo "make preflight  the leaderboard's upload gates and KernelGuard on submission.py"
 	@echo "make lint       ruff over the repository"
 	@echo "make tune       tune.py over specs/benchmarks.txt on this GPU (TUNE_FLAGS=...);"
@@ -86,6 +87,9 @@ tune: setup
 
 test: lint preflight
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile tests
+
+lab-test: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile lab/tests
 
 clean-venv:
 	rm -rf .venv

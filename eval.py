@@ -44,6 +44,14 @@ leaderboard modes time it like a leaderboard case (synchronize, flush, events ar
 on one input (no per-repeat recheck). Human mode prints serving cases in their own table (fields,
 times, GB/s of cache bytes read, errors against bounds); JSON rows carry "kind": "serving".
 Runner mode takes them too. specs/serving.txt (GPU) and specs/serving_cpu.txt hold such cases.
+
+Sparse cases. A spec line with `sparse: 1` or a `topk` field (e.g. `sparse: 1; batchsize: 64;
+qseqlen: 2; heads: 128; page: 64; kvseqlen: 32768; varlen: 1; topk: 2048; seed: 5`) is a case of
+the API's sparse form (DeepSeek-V3.2: top-k indices over FlashMLA's 656-byte fp8 cache):
+reference.generate_sparse_input makes it, mla_decode_with_kvcache(..., is_fp8_kvcache=True,
+indices=..., topk_length=...) runs it (a submission without the sparse form fails the case), and
+reference.check_sparse judges it strictly (1.25 x the format's own error against the bf16 values,
+bf16 bounds against the dequantised cache). specs/sparse.txt (GPU) and specs/sparse_cpu.txt.
 """
 import argparse
 import base64
@@ -202,6 +210,8 @@ def run_test_case(sub, args: dict, device=None):
     import reference
     import utils
 
+    if is_sparse_case(args):
+        return run_sparse_test_case(sub, args, device)
     if is_serving_case(args):
         return run_serving_test_case(sub, args, device)
     data = reference.generate_input(**_input_args(args, device))
@@ -221,6 +231,9 @@ def run_benchmark_case(sub, args: dict, *, recheck: bool, max_repeats: int, max_
     import reference
     import utils
 
+    if is_sparse_case(args):
+        return run_sparse_benchmark_case(sub, args, max_repeats=max_repeats, max_time_ns=max_time_ns,
+                                         flush_mode=flush_mode, device=device, flusher=flusher)
     if is_serving_case(args):
         return run_serving_benchmark_case(sub, args, max_repeats=max_repeats,
                                           max_time_ns=max_time_ns, flush_mode=flush_mode,
@@ -269,6 +282,9 @@ def run_profile_case(sub, args: dict, device=None) -> str:
     mla_decode_with_kvcache call for a serving case."""
     import reference
 
+    if is_sparse_case(args):
+        inputs, _, plan, decode = sparse_prepare(sub, args, device, reference_too=False)
+        return profile_table(lambda: sparse_call(decode, inputs, plan), inputs.q.device)
     if is_serving_case(args):
         inputs, _, plan = serving_prepare(sub, args, device, reference_too=False)
         return profile_table(lambda: serving_call(sub, inputs, plan), inputs.q.device)
@@ -305,8 +321,8 @@ SERVING_API = ("get_mla_decode_metadata", "mla_decode_with_kvcache")
 
 def is_serving_case(args: dict) -> bool:
     """A spec line with any serving field (heads, page, kv, varlen, causal, zeros, long) is a serving
-    case; any other is a leaderboard case."""
-    return any(field in args for field in SERVING_FIELDS)
+    case, unless it is a sparse case (is_sparse_case); any other is a leaderboard case."""
+    return not is_sparse_case(args) and any(field in args for field in SERVING_FIELDS)
 
 
 def serving_input_args(args: dict) -> dict:
@@ -328,12 +344,13 @@ def serving_input_args(args: dict) -> dict:
 
 
 def check_serving_cases(cases) -> None:
-    """Refuse a spec file whose serving lines generate_serving_input cannot make (ValueError
-    naming the line and the field), before anything runs."""
+    """Refuse a spec file whose serving or sparse lines generate_serving_input /
+    generate_sparse_input cannot make (ValueError naming the line and the field), before anything
+    runs."""
     for case in cases:
-        if is_serving_case(case.args):
+        if is_serving_case(case.args) or is_sparse_case(case.args):
             try:
-                serving_input_args(case.args)
+                (sparse_input_args if is_sparse_case(case.args) else serving_input_args)(case.args)
             except ValueError as exc:
                 raise ValueError(f"line {case.spec!r}: {exc}") from None
 
@@ -468,6 +485,176 @@ def serving_human_case(sub, args: dict, opts: dict) -> dict:
             del flusher
         if opts["mode"] == "profile":
             row["report"] = profile_table(lambda: serving_call(sub, inputs, plan), dev)
+    except Exception:
+        row["ok"] = False
+        row["problems"].append("exception: " + traceback.format_exc().strip().splitlines()[-1])
+        row["traceback"] = traceback.format_exc()
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse cases: the API's sparse form (top-k indices over FlashMLA's 656-byte fp8 cache)
+
+SPARSE_FIELDS = ("sparse", "topk")  # either of them: a sparse case
+SPARSE_REQUIRED = ("batchsize", "kvseqlen", "topk", "seed")
+SPARSE_DEFAULTS = {"sparse": 1, "qseqlen": 1, "heads": 128, "page": 64, "varlen": 0, "topk_length": 0,
+                   "zeros": 0}
+
+
+def is_sparse_case(args: dict) -> bool:
+    """A spec line with `sparse` or `topk` is a sparse case (before any serving field counts)."""
+    return any(field in args for field in SPARSE_FIELDS)
+
+
+def _always_strict(case) -> bool:
+    """Serving and sparse cases are checked strictly with or without --strict."""
+    return is_serving_case(case.args) or is_sparse_case(case.args)
+
+
+def sparse_input_args(args: dict) -> dict:
+    """generate_sparse_input's arguments of a sparse case: batchsize, kvseqlen, topk and seed
+    given; qseqlen 1, heads 128, page 64, varlen 0, topk_length 0, zeros 0 unless given; sparse
+    must be 1. A ValueError names an unknown, missing or bad field (reference.check_sparse_args);
+    no tensor is made."""
+    import reference
+
+    known = set(SPARSE_FIELDS) | set(SPARSE_REQUIRED) | set(SPARSE_DEFAULTS)
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise ValueError(f"unknown field {', '.join(unknown)} in a sparse case (its fields: "
+                         f"{', '.join(sorted(known))})")
+    missing = [field for field in SPARSE_REQUIRED if field not in args]
+    if missing:
+        raise ValueError(f"a sparse case needs {', '.join(missing)}")
+    fields = {**SPARSE_DEFAULTS, **args}
+    if fields.pop("sparse") != 1:
+        raise ValueError(f"sparse must be 1, got {args['sparse']!r}")
+    return reference.check_sparse_args(**fields)
+
+
+def _takes_indices(fn) -> bool:
+    import inspect
+
+    try:
+        return "indices" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def sparse_api(sub):
+    """(get_mla_decode_metadata, the sparse call in FlashMLA's form, its name): the submission's
+    mla_decode_with_kvcache, where it takes ``indices``. An AttributeError names what the
+    submission lacks."""
+    get_metadata, decode = serving_api(sub)
+    if not _takes_indices(decode):
+        raise AttributeError("the submission's mla_decode_with_kvcache takes no indices: it has no sparse form")
+    return get_metadata, decode, "mla_decode_with_kvcache"
+
+
+def sparse_call(decode, inputs, plan):
+    """One sparse call on ``inputs`` as FlashMLA's callers make it: no block table nor lengths,
+    is_fp8_kvcache=True, the indices and topk_length by keyword."""
+    return decode(inputs.q, inputs.k_cache, None, None, inputs.head_dim_v, plan,
+                  softmax_scale=inputs.softmax_scale, causal=False, is_fp8_kvcache=True,
+                  indices=inputs.indices, topk_length=inputs.topk_length)
+
+
+def sparse_prepare(sub, args: dict, device=None, *, reference_too: bool = True):
+    """(inputs, expected, plan, decode) of a sparse case: the input made, its float64 references
+    and bounds (None without ``reference_too``) before anything runs, one plan for the case."""
+    import reference
+
+    inputs = reference.generate_sparse_input(**sparse_input_args(args), device=device)
+    expected = reference.sparse_expected(inputs) if reference_too else None
+    get_metadata, decode, _ = sparse_api(sub)
+    plan, _ = get_metadata()
+    return inputs, expected, plan, decode
+
+
+def sparse_verdict(decode, inputs, expected, plan) -> dict:
+    """One call, synchronized, judged by reference.judge_sparse."""
+    import reference
+    import utils
+
+    result = sparse_call(decode, inputs, plan)
+    utils.synchronize(inputs.q.device)
+    out, lse = result if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
+    return reference.judge_sparse(expected, out, lse)
+
+
+def run_sparse_test_case(sub, args: dict, device=None):
+    """A sparse case checked strictly: (ok, message with the errors and their bounds)."""
+    import reference
+
+    inputs, expected, plan, decode = sparse_prepare(sub, args, device)
+    verdict = sparse_verdict(decode, inputs, expected, plan)
+    return verdict["ok"], reference.sparse_message(verdict)
+
+
+def time_sparse(decode, inputs, plan, flusher, *, max_repeats: int, max_time_ns: float):
+    """Durations (ns) of the runner's timed loop around one sparse call each."""
+    import utils
+
+    durations, _ = utils.time_repeats(lambda: sparse_call(decode, inputs, plan), inputs.q.device, flusher,
+                                      max_repeats=max_repeats, max_time_ns=max_time_ns)
+    return durations
+
+
+def run_sparse_benchmark_case(sub, args: dict, *, max_repeats: int, max_time_ns: float,
+                              flush_mode: str = "default", device=None, flusher=None):
+    """A sparse case checked strictly once, then timed on the same input and plan. Returns
+    utils.Stats, or the check's message when it fails."""
+    import reference
+    import utils
+
+    inputs, expected, plan, decode = sparse_prepare(sub, args, device)
+    verdict = sparse_verdict(decode, inputs, expected, plan)
+    if not verdict["ok"]:
+        return reference.sparse_message(verdict)
+    del expected
+    if flusher is None:
+        flusher = utils.L2Flusher(flush_mode, inputs.q.device)
+    return utils.calculate_stats(time_sparse(decode, inputs, plan, flusher, max_repeats=max_repeats,
+                                             max_time_ns=max_time_ns))
+
+
+def sparse_human_case(sub, args: dict, opts: dict) -> dict:
+    """One sparse case in human mode: the strict check (always), then in benchmark and
+    leaderboard modes the timings and the bytes of cache the case reads (its distinct tokens)."""
+    import reference
+    import utils
+
+    row = {"kind": "sparse", "case": _label(args), "label": _short_label(args),
+           "spec": opts.get("spec", ""), "args": dict(args), "fields": None, "ok": False,
+           "loose_ok": None, "problems": [], "message": "", "route": None, "route_short": None,
+           "kv_format": "fp8_656", "rel_l2": None, "rel_l2_bound": None,
+           "rel_l2_bound_declared": True, "lse_err": None, "lse_bound": None,
+           "lse_fraction": None, "mismatch": None, "stats": None, "ref_stats": None,
+           "bytes": None, "tokens": None, "lengths": None}
+    try:
+        row["fields"] = sparse_input_args(args)
+        inputs, expected, plan, decode = sparse_prepare(sub, args, opts.get("device"))
+        row["route"] = row["route_short"] = sparse_api(sub)[2]
+        dev = inputs.q.device
+        row.update(tokens=inputs.selected_tokens, bytes=inputs.cache_bytes, lengths=list(inputs.lengths))
+        verdict = sparse_verdict(decode, inputs, expected, plan)
+        del expected
+        row.update(rel_l2=verdict["out_rel_l2"], rel_l2_bound=verdict["out_bound"],
+                   rel_l2_exact=verdict["out_rel_l2_exact"], format_out=verdict["format_out"],
+                   lse_err=verdict["lse_err"], lse_bound=verdict["lse_bound"],
+                   lse_fraction=verdict["lse_fraction"], zero_rows=verdict["zero_rows"],
+                   poisoned_rows=verdict["poisoned_rows"], message=reference.sparse_message(verdict),
+                   ok=verdict["ok"])
+        row["problems"] += verdict["problems"]
+        if opts["mode"] in ("benchmark", "leaderboard") and row["ok"] and opts.get("timed", True):
+            flusher = utils.L2Flusher(opts.get("l2_flush", "default"), dev)
+            durations = time_sparse(decode, inputs, plan, flusher, max_repeats=opts["max_repeats"],
+                                    max_time_ns=opts["max_time_ns"])
+            row["stats"] = dict(dataclasses.asdict(utils.calculate_stats(durations)),
+                                median=statistics.median(durations))
+            del flusher
+        if opts["mode"] == "profile":
+            row["report"] = profile_table(lambda: sparse_call(decode, inputs, plan), dev)
     except Exception:
         row["ok"] = False
         row["problems"].append("exception: " + traceback.format_exc().strip().splitlines()[-1])
@@ -716,6 +903,12 @@ def _serving_fields(args: dict) -> dict:
 def _label(args: dict) -> str:
     """The case's name in the JSON and in FAIL lines: shape and seed (a serving case: all its
     fields)."""
+    if is_sparse_case(args):
+        f = {**SPARSE_DEFAULTS, **args}
+        return (f"sparse b={f.get('batchsize')} s_q={f['qseqlen']} h_q={f['heads']} page={f['page']} "
+                f"s_k={f.get('kvseqlen')}" + (" varlen" if f["varlen"] else "") + f" topk={f.get('topk')}"
+                + (" topk_length" if f["topk_length"] else "") + (f" zeros={f['zeros']}" if f["zeros"] else "")
+                + f" seed={f.get('seed')}")
     if is_serving_case(args):
         f = _serving_fields(args)
         return (f"b={f.get('batchsize')} s_q={f['qseqlen']} h_q={f['heads']} page={f['page']} "
@@ -737,7 +930,13 @@ SHORT_LABEL_CHARS = 22
 def _short_label(args: dict) -> str:
     """The case's name in the table: its shape, at most SHORT_LABEL_CHARS characters (a long list
     of ragged lengths is cut, with its count). A serving case: its fields, compact (b128 q2 h128
-    p64 k4096 var causal fp8 z2), for the progress bar, the compare table and the chart."""
+    p64 k4096 var causal fp8 z2; a sparse case: b128 q2 h128 p64 k32768 var t2048 len z2), for the
+    progress bar, the compare table and the chart."""
+    if is_sparse_case(args):
+        f = {**SPARSE_DEFAULTS, **args}
+        return (f"b{f.get('batchsize')} q{f['qseqlen']} h{f['heads']} p{f['page']} k{f.get('kvseqlen')}"
+                + (" var" if f["varlen"] else "") + f" t{f.get('topk')}" + (" len" if f["topk_length"] else "")
+                + (f" z{f['zeros']}" if f["zeros"] else ""))
     if is_serving_case(args):
         f = _serving_fields(args)
         return (f"b{f.get('batchsize')} q{f['qseqlen']} h{f['heads']} p{f['page']} "
@@ -757,7 +956,10 @@ def _short_label(args: dict) -> str:
 
 def _shape_key(args: dict) -> tuple:
     """What identifies a case across runs: its shape, not its seed (a secret seed changes it); a
-    serving case's shape is all its fields but the seed."""
+    serving or sparse case's shape is all its fields but the seed."""
+    if is_sparse_case(args):
+        return ("sparse",) + tuple(sorted((k, str(v)) for k, v in {**SPARSE_DEFAULTS, **args}.items()
+                                          if k != "seed"))
     if is_serving_case(args):
         return ("serving",) + tuple(sorted((k, str(v)) for k, v in _serving_fields(args).items()
                                            if k != "seed"))
@@ -828,10 +1030,12 @@ def _time_fn(fn, dev, flusher, max_repeats, max_time_ns):
 
 def human_case(sub, args: dict, opts: dict) -> dict:
     """One case in human mode: the runner's verdict plus strict checks, timings, bandwidth. A
-    serving case goes to serving_human_case."""
+    serving case goes to serving_human_case, a sparse case to sparse_human_case."""
     import reference
     import utils
 
+    if is_sparse_case(args):
+        return sparse_human_case(sub, args, opts)
     if is_serving_case(args):
         return serving_human_case(sub, args, opts)
     mode = opts["mode"]
@@ -1044,6 +1248,51 @@ def format_serving_table(rows, mode: str, copy_bw=None, *, wide: bool = False,
     return "\n".join(out)
 
 
+def format_sparse_table(rows, mode: str, copy_bw=None, *, wide: bool = False, timed: bool = True) -> str:
+    """The sparse cases' table: each case's fields (b, s_q, h_q, page, s_k, varlen, topk,
+    topk_length, zeros), pass/FAIL, in timed modes the mean +- standard error and the GB/s of the
+    distinct tokens' bytes, then out's rel. L2 against the bf16 values with its share of the
+    bound (1.25 x the format's own error, ``wide``: both), against the dequantised cache, and
+    lse's max error; the FAIL lines after it."""
+    timed = timed and mode in ("benchmark", "leaderboard")
+    head = ["b", "s_q", "h_q", "page", "s_k", "var", "topk", "len", "zeros", "ok"]
+    if timed:
+        head += ["mean+-err us"] + (["median"] if wide else []) + ["GB/s %copy"]
+    head += ["out relL2 %bound"] + (["format", "bound"] if wide else []) + ["vs fp8 cache", "lse err %bound"]
+    lines = []
+    for r in rows:
+        f = r.get("fields") or {**SPARSE_DEFAULTS, **(r.get("args") or {})}
+        line = [f.get("batchsize"), f.get("qseqlen"), f.get("heads"), f.get("page"), f.get("kvseqlen"),
+                int(bool(f.get("varlen"))), f.get("topk"), int(bool(f.get("topk_length"))), f.get("zeros"),
+                "pass" if r["ok"] else "FAIL"]
+        if timed:
+            st = r.get("stats")
+            line.append(f"{st['mean'] / 1e3:.1f}+-{st['err'] / 1e3:.1f}" if st else "-")
+            if wide:
+                line.append(f"{st['median'] / 1e3:.1f}" if st and "median" in st else "-")
+            line.append(_gbs_text(r, st, copy_bw))
+        line.append(_serving_error_text(r.get("rel_l2"), r.get("rel_l2_bound"), fraction_of_bound(r), ".4f"))
+        if wide:
+            line += ["-" if r.get("format_out") is None else f"{r['format_out']:.4f}",
+                     "-" if r.get("rel_l2_bound") is None else f"{r['rel_l2_bound']:.4f}"]
+        line.append("-" if r.get("rel_l2_exact") is None else f"{r['rel_l2_exact']:.4f}")
+        line.append(_serving_error_text(r.get("lse_err"), r.get("lse_bound"), r.get("lse_fraction"), ".1e"))
+        lines.append([str(x) for x in line])
+    route = next((r["route"] for r in rows if r.get("route")), None)
+    out = [f"sparse cases ({route or 'mla_decode_with_kvcache with indices'}):"] + _aligned(head, lines)
+    _legend_and_failures(
+        out, rows, "out relL2: out's error against float64 attention over the bf16 values the cache was "
+        "quantised from, on the rows that attend tokens, %bound its share of 1.25 x the 656-byte format's "
+        "own error there; vs fp8 cache: against float64 attention over the dequantised cache (bound 1%); "
+        "lse err: the largest |lse error| against the bf16 values, %bound the larger share of its bound and "
+        "of 1e-3 + 1e-4 |lse| against the dequantised cache; rows that attend nothing must be exactly 0 "
+        "with lse +inf, poisoned queries NaN",
+        timed and "times in us: mean +- standard error of the timed calls, one plan per case; GB/s: "
+        "656 bytes per distinct token the queries select (FlashMLA's count) over the mean, %copy: as a "
+        "share of the measured copy bandwidth")
+    return "\n".join(out)
+
+
 def _legend_and_failures(out, rows, legend: str, times, detail=None) -> None:
     """Append to a table's lines its legend, the legend of its times (``times``: text, or a
     falsy value where the table has none) and a FAIL line per failing row (with
@@ -1236,8 +1485,8 @@ def human_rows(executor, cases, submission: str, case_opts: dict) -> list:
             res = {"case": _label(case.args), "label": _short_label(case.args),
                    "spec": case.spec, "args": dict(case.args), "ok": False,
                    "problems": [_one_line(res.get("message", "worker failed"))]}
-            if is_serving_case(case.args):
-                res["kind"] = "serving"
+            if is_serving_case(case.args) or is_sparse_case(case.args):
+                res["kind"] = "sparse" if is_sparse_case(case.args) else "serving"
         rows.append(res)
         if bar is not None:
             bar.update(1)
@@ -1361,7 +1610,7 @@ def human_main(opts) -> int:
           f" | torch {torch.__version__} | triton {triton.__version__}"
           f" | aiter: {'yes' if reference.HAVE_AITER else 'no'}"
           f" | {'strict' if opts.strict else 'loose (runner) check only'}"
-          f"{' (serving cases: always strict)' if any(is_serving_case(c.args) for c in cases) else ''}"
+          f"{' (serving cases: always strict)' if any(map(_always_strict, cases)) else ''}"
           f"{' | cases in one spawned worker' if opts.spawn else ''}")
     print(f"submission: {submission}")
     if not on_gpu:
@@ -1409,11 +1658,14 @@ def human_main(opts) -> int:
                     r["fraction_of_copy_bw"] = r["gbs"] / copy_bw
         r["fraction_of_bound"] = fraction_of_bound(r)
     serving_rows = [r for r in rows if r.get("kind") == "serving"]
-    board_rows = [r for r in rows if r.get("kind") != "serving"]
-    if board_rows or not serving_rows:
+    sparse_rows = [r for r in rows if r.get("kind") == "sparse"]
+    board_rows = [r for r in rows if r.get("kind") not in ("serving", "sparse")]
+    if board_rows or not (serving_rows or sparse_rows):
         print(format_table(board_rows, opts.mode, copy_bw, wide=opts.wide, timed=timed))
     if serving_rows:
         print(format_serving_table(serving_rows, opts.mode, copy_bw, wide=opts.wide, timed=timed))
+    if sparse_rows:
+        print(format_sparse_table(sparse_rows, opts.mode, copy_bw, wide=opts.wide, timed=timed))
     passed = all(r["ok"] for r in rows) and len(rows) == len(cases)
     summary = {}
     if timed:

@@ -7,7 +7,7 @@ Our CPU tests run the GPU kernels under the interpreter, so its arithmetic must 
    (7.9 -> fp8 e4m3 gives 4, not 8) and float32 -> bf16 truncates.
 `apply()` patches the interpreter's builder so both behave like the GPU (round to nearest even, via
 torch's own casts). It is a no-op unless the interpreter is in use. Tests in
-tests/test_interpreter_fixes.py show each bug and the fix.
+tests/cpu/test_interpreter_fixes.py show each bug and the fix.
 """
 import os
 

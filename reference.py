@@ -1029,3 +1029,438 @@ def check_serving(inputs: ServingInput, out, lse,
         expected = serving_expected(inputs)
     verdict = judge_serving(expected, out, lse)
     return verdict["ok"], serving_message(verdict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse decode: DeepSeek-V3.2's top-k indices over FlashMLA's 656-byte fp8 cache
+#
+# The layout and its quantiser are FlashMLA's (commit 9241ae3): flash_mla/flash_mla_interface.py
+# documents each token's 656 bytes (512 float8_e4m3fn latent values in 4 tiles of 128, the tiles'
+# 4 float32 scales, the 64 rope values in bf16); tests/quant.py's quantize_k_cache makes them,
+# each tile's scale amax / 448 rounded UP to a power of two (_cast_scale_inv_to_ue8m0: 2 **
+# ceil(log2(max(amax / 448, 1e-4)))), value = fp8 x scale. `indices` (batch, s_q, topk) int32
+# hold block id x page_size + offset of each attended token, -1 skipping an entry; topk_length
+# (batch,) int32, optional, keeps the first topk_length[b] entries (tests/ref.py's
+# ref_sparse_attn_decode). What FlashMLA leaves undefined is defined here as the serving API does
+# for bad inputs: an entry below -1 or at or past num_blocks x page_size, or a topk_length outside
+# [0, topk], makes that query NaN (out and lse); a query with nothing to attend has out 0 and lse
+# +inf.
+
+SPARSE_TOKEN_BYTES = 656  # 512 fp8 latent + 4 float32 scales + 64 bf16 rope
+SPARSE_TILE = 128  # latent values per scale
+SPARSE_TILES = KV_LORA_RANK // SPARSE_TILE  # 4
+SPARSE_SCALES_AT = KV_LORA_RANK  # byte 512: the 4 float32 scales
+SPARSE_ROPE_AT = SPARSE_SCALES_AT + 4 * SPARSE_TILES  # byte 528: the 64 bf16 rope values
+SPARSE_FP8_MAX = 448.0  # float8_e4m3fn's largest value
+SPARSE_SCALE_FLOOR = 1e-4  # FlashMLA's clamp of amax / 448 before rounding up to a power of two
+SPARSE_MAX_TOPK = 16384  # the largest topk FlashMLA's benchmark runs
+SPARSE_HOLES = 8  # one entry in this many (of those that select a token) becomes -1
+# each token's latent tiles scaled by 2 ** U(-1.5, 1.5): a token's four scales differ (randn alone
+# gives them one power of two), so that a scale read for the wrong tile shows
+SPARSE_TILE_SPREAD = 1.5
+# entries past a request's topk_length: garbage that must never be read nor poison the query
+SPARSE_GARBAGE_ENTRIES = (2147480000, -7)
+# out against the reference over the dequantised cache (the kernel's own rounding): the serving
+# API's bf16 bounds; against the reference over the bf16 values: FACTOR x the format's own error
+SPARSE_FORMAT_FACTOR = 1.25
+SPARSE_LSE_FLOOR = 1e-3  # added to the lse bound against the bf16 values (per-row spread)
+SPARSE_OUT_CEILING = 0.5  # zeros (rel L2 1.0) fail whatever the format's error
+
+
+def _sparse_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """The 656-byte cache as uint8 (float8_e4m3fn, int8 and uint8 caches all hold the bytes)."""
+    return cache if cache.dtype == torch.uint8 else cache.view(torch.uint8)
+
+
+def quantize_sparse_cache(values: torch.Tensor) -> torch.Tensor:
+    """FlashMLA's V3.2 fp8 cache of ``values`` (num_blocks, page, 1, 576), any float dtype:
+    (num_blocks, page, 1, 656) float8_e4m3fn, each token's bytes as flash_mla_interface.py lays
+    them out. Per 128-value tile: scale = 2 ** ceil(log2(max(amax / 448, 1e-4))) in float32, the
+    fp8 values (tile / scale) rounded to nearest (|tile / scale| <= 448 by the scale's choice);
+    the rope values copied as bf16. The arithmetic is tests/quant.py's quantize_k_cache
+    (float32 division by the power-of-two scale, torch's rounding cast)."""
+    if values.dim() != 4 or values.shape[2] != NUM_KV_HEADS or values.shape[3] != QK_HEAD_DIM:
+        raise ValueError(f"values must be (num_blocks, page, 1, {QK_HEAD_DIM}), got {tuple(values.shape)}")
+    num_blocks, page = values.shape[:2]
+    flat = values.reshape(num_blocks, page, QK_HEAD_DIM)
+    out = torch.empty(num_blocks, page, SPARSE_TOKEN_BYTES, dtype=torch.uint8, device=values.device)
+    tiles = flat[..., :KV_LORA_RANK].float().reshape(num_blocks, page, SPARSE_TILES, SPARSE_TILE)
+    amax = tiles.abs().amax(dim=-1) / SPARSE_FP8_MAX
+    scales = torch.pow(2.0, amax.clamp_min(SPARSE_SCALE_FLOOR).log2().ceil()).to(torch.float32)
+    latent = (tiles / scales[..., None]).to(torch.float8_e4m3fn)
+    out[..., :SPARSE_SCALES_AT] = latent.reshape(num_blocks, page, KV_LORA_RANK).view(torch.uint8)
+    out[..., SPARSE_SCALES_AT:SPARSE_ROPE_AT] = scales.view(torch.uint8).reshape(num_blocks, page, -1)
+    rope = flat[..., KV_LORA_RANK:].to(torch.bfloat16).contiguous()
+    out[..., SPARSE_ROPE_AT:] = rope.view(torch.uint8).reshape(num_blocks, page, -1)
+    return out.view(torch.float8_e4m3fn).reshape(num_blocks, page, NUM_KV_HEADS, SPARSE_TOKEN_BYTES)
+
+
+def dequantize_sparse_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Tokens of the 656-byte layout, (..., 656) of any byte dtype, as float64 (..., 576): each
+    latent value fp8 x its tile's scale, then the rope values."""
+    raw = _sparse_bytes(rows).contiguous()
+    lead = raw.shape[:-1]
+    raw = raw.reshape(-1, SPARSE_TOKEN_BYTES)
+    latent = raw[:, :SPARSE_SCALES_AT].view(torch.float8_e4m3fn).double()
+    scales = raw[:, SPARSE_SCALES_AT:SPARSE_ROPE_AT].contiguous().view(torch.float32).double()
+    rope = raw[:, SPARSE_ROPE_AT:].contiguous().view(torch.bfloat16).double()
+    latent = (latent.reshape(-1, SPARSE_TILES, SPARSE_TILE) * scales[..., None]).reshape(-1, KV_LORA_RANK)
+    return torch.cat([latent, rope], dim=-1).reshape(*lead, QK_HEAD_DIM)
+
+
+def dequantize_sparse_cache(cache: torch.Tensor) -> torch.Tensor:
+    """The whole 656-byte cache (num_blocks, page, 1, 656) as float64 (num_blocks, page, 1, 576)."""
+    return dequantize_sparse_rows(cache)
+
+
+def is_sparse_layout(k_cache: torch.Tensor) -> bool:
+    """Whether ``k_cache`` holds FlashMLA's 656-byte tokens (else it holds 576 values per token)."""
+    return k_cache.shape[-1] == SPARSE_TOKEN_BYTES and k_cache.element_size() == 1
+
+
+def sparse_rows(k_cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Tokens ``index`` (int64, each in [0, num_blocks x page)) of a cache as float64 (n, 576): a
+    656-byte cache dequantised, a (num_blocks, page, 1, 576) float cache as it is. Only those
+    tokens are read (any block stride: block index // page, row index % page)."""
+    page = k_cache.shape[1]
+    index = index.to(k_cache.device)
+    rows = k_cache[index // page, index % page, 0]
+    return dequantize_sparse_rows(rows) if is_sparse_layout(k_cache) else rows.double()
+
+
+def mla_decode_sparse_float64(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor,
+                              topk_length: Optional[torch.Tensor] = None,
+                              softmax_scale: Optional[float] = None):
+    """Exact sparse attention in float64, on the inputs' device.
+
+    q (batch, s_q, h_q, 576) any float dtype; k_cache either FlashMLA's 656-byte cache (num_blocks,
+    page, 1, 656), dequantised, or a (num_blocks, page, 1, 576) float cache (the values before
+    quantisation: the format's own error); indices (batch, s_q, topk) int32, entry = block x page
+    + offset, -1 skips; topk_length (batch,) or None: only the first topk_length[b] entries of
+    request b count. softmax_scale defaults to 1/sqrt(576).
+
+    Returns (out float64 (batch, s_q, h_q, 512), lse float64 (batch, h_q, s_q)), lse the natural log
+    of the sum of exp(softmax_scale * q.k) over the query's entries (a token listed twice counts
+    twice, as in FlashMLA's reference). A query with nothing to attend: out 0, lse +inf. A query
+    with an entry below -1 or at or past num_blocks x page, or whose request's topk_length is
+    outside [0, topk]: out and lse NaN. Only the listed tokens are read, one request at a time."""
+    batch, s_q, heads, dim = q.shape
+    topk = indices.shape[-1]
+    device = q.device
+    scale = SM_SCALE if softmax_scale is None else float(softmax_scale)
+    capacity = k_cache.shape[0] * k_cache.shape[1]
+    out = torch.zeros(batch, s_q, heads, V_HEAD_DIM, dtype=torch.float64, device=device)
+    lse = torch.full((batch, heads, s_q), float("inf"), dtype=torch.float64, device=device)
+    lengths = [topk] * batch if topk_length is None else [int(n) for n in topk_length.tolist()]
+    entries = indices.to(device=device, dtype=torch.int64)
+    for b in range(batch):
+        for t in range(s_q):
+            if not 0 <= lengths[b] <= topk:
+                out[b, t], lse[b, :, t] = float("nan"), float("nan")
+                continue
+            row = entries[b, t, :lengths[b]]
+            if bool(((row < -1) | (row >= capacity)).any()):
+                out[b, t], lse[b, :, t] = float("nan"), float("nan")
+                continue
+            row = row[row >= 0]
+            if row.numel() == 0:
+                continue
+            keys = sparse_rows(k_cache, row).to(device)
+            scores = (q[b, t].double() @ keys.T) * scale  # (heads, tokens)
+            row_lse = torch.logsumexp(scores, dim=-1)
+            out[b, t] = torch.exp(scores - row_lse[:, None]) @ keys[:, :V_HEAD_DIM]
+            lse[b, :, t] = row_lse
+    return out, lse
+
+
+@dataclasses.dataclass
+class SparseInput:
+    """One sparse case: the API's arguments (q, k_cache in the 656-byte layout, indices,
+    topk_length or None, softmax_scale, head_dim_v), the values the cache was quantised from
+    (``values``, bf16 (num_blocks, page, 1, 576), NaN where the cache is NaN), and what made them:
+    each request's context ``lengths`` and block table (an engine's; the sparse call does not take
+    them), the generator's arguments."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    values: torch.Tensor
+    indices: torch.Tensor
+    topk_length: Optional[torch.Tensor]
+    softmax_scale: float
+    head_dim_v: int
+    lengths: List[int]
+    block_table: torch.Tensor
+    batchsize: int
+    qseqlen: int
+    heads: int
+    page: int
+    kvseqlen: int
+    topk: int
+    seed: int
+    varlen: bool
+    zeros: int
+    use_topk_length: bool
+
+    @property
+    def selected_tokens(self) -> int:
+        """Distinct cache tokens the queries attend (FlashMLA's benchmark counts these bytes)."""
+        rows = self.indices.to(torch.int64)
+        if self.topk_length is not None:
+            keep = torch.arange(self.topk, device=rows.device) < self.topk_length.to(rows.device)[:, None, None]
+            rows = torch.where(keep, rows, -1)
+        return int(torch.unique(rows[rows >= 0]).numel())
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of cache a kernel must read at least: ``selected_tokens`` x 656."""
+        return self.selected_tokens * SPARSE_TOKEN_BYTES
+
+
+def check_sparse_args(batchsize, qseqlen, heads, page, kvseqlen, topk, seed, *, varlen=False,
+                      topk_length=False, zeros=0) -> dict:
+    """The arguments of ``generate_sparse_input`` checked and normalised, without making any
+    tensor: a ValueError names the first bad field. batchsize >= 1; qseqlen 1..8; heads 1..128;
+    page >= 1 (any size: FlashMLA's tests run 2, 61, 64, 69, 576); kvseqlen >= 1; topk
+    1..16384; seed an integer; varlen and topk_length 0/1; zeros 0..batchsize."""
+    batchsize = _whole("batchsize", batchsize, 1)
+    return {"batchsize": batchsize,
+            "qseqlen": _at_most("qseqlen", _whole("qseqlen", qseqlen, 1), SERVING_MAX_QSEQLEN),
+            "heads": _at_most("heads", _whole("heads", heads, 1), SERVING_MAX_HEADS),
+            "page": _whole("page", page, 1), "kvseqlen": _whole("kvseqlen", kvseqlen, 1),
+            "topk": _at_most("topk", _whole("topk", topk, 1), SPARSE_MAX_TOPK),
+            "seed": _whole("seed", seed, None), "varlen": _flag("varlen", varlen),
+            "topk_length": _flag("topk_length", topk_length),
+            "zeros": _at_most("zeros", _whole("zeros", zeros, 0), batchsize)}
+
+
+def _sparse_entries(lengths: List[int], qseqlen: int, topk: int, seed: int) -> torch.Tensor:
+    """Token positions (batch, qseqlen, topk) int64 within each request's context: every query
+    token draws min(topk, length) distinct positions in random order (a CPU generator seeded
+    with ``seed``); the rest of its entries, and one in SPARSE_HOLES of the drawn ones, are -1,
+    the -1 entries scattered through the row."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed + 1)
+    rows = torch.full((len(lengths), qseqlen, topk), -1, dtype=torch.int64)
+    for b, length in enumerate(lengths):
+        for t in range(qseqlen):
+            take = min(topk, length)
+            drawn = torch.randperm(length, generator=gen)[:take] if take else torch.empty(0, dtype=torch.int64)
+            holes = torch.randint(0, SPARSE_HOLES, (take,), generator=gen) == 0
+            row = torch.full((topk,), -1, dtype=torch.int64)
+            row[:take] = torch.where(holes, -1, drawn)
+            rows[b, t] = row[torch.randperm(topk, generator=gen)]
+    return rows
+
+
+def generate_sparse_input(batchsize: int, qseqlen: int, heads: int, page: int, kvseqlen: int,
+                          topk: int, seed: int, *, varlen: bool = False, topk_length: bool = False,
+                          zeros: int = 0, device: Union[None, str, torch.device] = None) -> SparseInput:
+    """A sparse case for ``mla_decode_with_kvcache(..., is_fp8_kvcache=True, indices=...)``, as
+    FlashMLA's decode test makes them (tests/lib.py generate_testcase_for_decode) with the serving
+    cases' values.
+
+    - Contexts: each request's length as ``serving_lengths`` (kvseqlen each, or with ``varlen``
+      FlashMLA's normal around kvseqlen; ``zeros`` requests get 0: all their entries are -1), its
+      tokens on blocks of ``page`` from ``_block_layout`` (a random permutation, spare blocks).
+    - Indices: ``_sparse_entries`` positions converted through the block table to block x page +
+      offset, int32; -1 where an entry selects nothing. With ``topk_length``: a length per request
+      drawn in [0, topk], every entry past it garbage (SPARSE_GARBAGE_ENTRIES alternating), which a
+      kernel must neither read nor take for poison.
+    - Values: a generator on the device seeded with ``seed`` draws q = randn (batch, qseqlen, heads,
+      576) bf16, then the values randn (num_blocks, page, 1, 576) bf16, each token's latent tiles
+      scaled by 2 ** U(-1.5, 1.5) (SPARSE_TILE_SPREAD: a token's four scales differ);
+      ``quantize_sparse_cache`` makes the 656-byte cache of them. Every token no query selects
+      (within topk_length) is NaN in both: fp8 NaN bytes, NaN scales and NaN rope in the cache.
+    Arguments are checked first (``check_sparse_args``)."""
+    args = check_sparse_args(batchsize, qseqlen, heads, page, kvseqlen, topk, seed, varlen=varlen,
+                             topk_length=topk_length, zeros=zeros)
+    device = get_device(device)
+    b, s_q, page, topk = args["batchsize"], args["qseqlen"], args["page"], args["topk"]
+    lengths = serving_lengths(b, s_q, args["kvseqlen"], args["seed"], varlen=args["varlen"],
+                              zeros=args["zeros"])
+    table, _, num_blocks = _block_layout(lengths, page, args["seed"])
+    positions = _sparse_entries(lengths, s_q, topk, args["seed"])
+    safe = positions.clamp(min=0)
+    blocks = torch.gather(table.to(torch.int64)[:, None, :].expand(-1, s_q, -1), 2, safe // page)
+    indices = torch.where(positions >= 0, blocks * page + safe % page, -1)
+    lengths_tensor = None
+    selecting = indices >= 0
+    if args["topk_length"]:
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(args["seed"] + 2)
+        lengths_tensor = torch.randint(0, topk + 1, (b,), generator=gen, dtype=torch.int32)
+        past = torch.arange(topk)[None, None, :] >= lengths_tensor.to(torch.int64)[:, None, None]
+        selecting &= ~past
+        garbage = torch.tensor(SPARSE_GARBAGE_ENTRIES, dtype=torch.int64)[torch.arange(topk) % 2]
+        indices = torch.where(past, garbage[None, None, :], indices)
+    selected = torch.zeros(num_blocks * page, dtype=torch.bool)
+    selected[indices[selecting]] = True
+    unselected = (~selected).reshape(num_blocks, page).to(device)
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args["seed"])
+    q = torch.randn((b, s_q, args["heads"], QK_HEAD_DIM), dtype=torch.bfloat16, device=device,
+                    generator=gen)
+    values = torch.randn((num_blocks, page, NUM_KV_HEADS, QK_HEAD_DIM), dtype=torch.bfloat16,
+                         device=device, generator=gen)
+    spread = torch.rand((num_blocks, page, NUM_KV_HEADS, SPARSE_TILES, 1), device=device, generator=gen)
+    spread = torch.exp2(SPARSE_TILE_SPREAD * (2 * spread - 1))
+    latent = values[..., :KV_LORA_RANK].reshape(num_blocks, page, NUM_KV_HEADS, SPARSE_TILES, SPARSE_TILE)
+    values[..., :KV_LORA_RANK] = (latent.float() * spread).reshape(num_blocks, page, NUM_KV_HEADS, -1)
+    k_cache = quantize_sparse_cache(values)
+    values[unselected] = float("nan")
+    nan_token = quantize_sparse_cache(torch.full((1, 1, 1, QK_HEAD_DIM), float("nan"), device=device))
+    _sparse_bytes(k_cache)[unselected] = _sparse_bytes(nan_token).reshape(-1)
+    return SparseInput(
+        q=q, k_cache=k_cache, values=values, indices=indices.to(torch.int32).to(device),
+        topk_length=None if lengths_tensor is None else lengths_tensor.to(device),
+        softmax_scale=SM_SCALE, head_dim_v=V_HEAD_DIM, lengths=lengths, block_table=table.to(device),
+        batchsize=b, qseqlen=s_q, heads=args["heads"], page=page, kvseqlen=args["kvseqlen"], topk=topk,
+        seed=args["seed"], varlen=args["varlen"], zeros=args["zeros"], use_topk_length=args["topk_length"])
+
+
+@dataclasses.dataclass
+class SparseExpected:
+    """What a sparse case's outputs are judged against: the float64 reference over the dequantised
+    cache (``out``, ``lse``: the kernel's own rounding is measured against it) and over the bf16
+    values (``out_values``, ``lse_values``: the format's error), the (batch, s_q, h_q) rows that
+    attend tokens, those that are poisoned (NaN expected), the format's own error (out rel L2 and
+    max |lse error| of the dequantised reference against the values' over the attended rows) and
+    the bounds."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    out_values: torch.Tensor
+    lse_values: torch.Tensor
+    attended: torch.Tensor
+    poisoned: torch.Tensor
+    format_out: float
+    format_lse: float
+    out_bound: float
+    lse_bound: float
+
+
+def sparse_out_bound(format_out: float) -> float:
+    """The bound on out's rel L2 against the reference over the bf16 values: 1.25 x the format's
+    own error, at most SPARSE_OUT_CEILING."""
+    return min(SPARSE_FORMAT_FACTOR * format_out, SPARSE_OUT_CEILING)
+
+
+def sparse_lse_bound(format_lse: float) -> float:
+    """The bound on each attended row's |lse error| against the bf16 values' reference: 1.25 x the
+    format's own largest error + SPARSE_LSE_FLOOR."""
+    return SPARSE_FORMAT_FACTOR * format_lse + SPARSE_LSE_FLOOR
+
+
+def sparse_expected(inputs: SparseInput) -> SparseExpected:
+    """Both float64 references of ``inputs`` (over the 656-byte cache and over the bf16 values),
+    the rows, the format's own error and the bounds."""
+    args = dict(topk_length=inputs.topk_length, softmax_scale=inputs.softmax_scale)
+    out, lse = mla_decode_sparse_float64(inputs.q, inputs.k_cache, inputs.indices, **args)
+    out_v, lse_v = mla_decode_sparse_float64(inputs.q, inputs.values, inputs.indices, **args)
+    poisoned = torch.isnan(lse).permute(0, 2, 1)
+    attended = torch.isfinite(lse).permute(0, 2, 1)
+    att_lse = attended.permute(0, 2, 1)
+    format_out = rel_l2_error(out[attended], out_v[attended]) if bool(attended.any()) else 0.0
+    format_lse = _max_abs((lse - lse_v)[att_lse])
+    return SparseExpected(out=out, lse=lse, out_values=out_v, lse_values=lse_v, attended=attended,
+                          poisoned=poisoned, format_out=format_out, format_lse=format_lse,
+                          out_bound=sparse_out_bound(format_out), lse_bound=sparse_lse_bound(format_lse))
+
+
+def judge_sparse(expected: SparseExpected, out, lse) -> dict:
+    """Apply every sparse check to (out, lse); a dict of the measured numbers and the verdict.
+
+    Checks: type, shape, dtype, device (as the serving API's); on attended rows finite values,
+    out's rel L2 and each |lse error| against the dequantised cache's reference within the serving
+    API's bf16 bounds (the kernel's own rounding) and against the bf16 values' reference within
+    1.25 x the format's own error (``sparse_out_bound``, ``sparse_lse_bound``); rows with nothing
+    to attend exactly 0 with lse +inf; poisoned rows NaN in every out value and in lse.
+    Keys: ok, problems, out_rel_l2 / out_bound (against the values), out_rel_l2_exact /
+    out_bound_exact (against the dequantised cache), lse_err / lse_bound, lse_err_exact,
+    lse_fraction (the larger share of either lse bound), format_out, format_lse, zero_rows,
+    poisoned_rows, nonfinite."""
+    verdict = {"ok": False, "problems": _output_problems(out, lse, expected), "out_rel_l2": None,
+               "out_bound": expected.out_bound, "out_rel_l2_exact": None,
+               "out_bound_exact": SERVING_OUT_BOUND_BF16, "lse_err": None,
+               "lse_bound": expected.lse_bound, "lse_err_exact": None, "lse_fraction": None,
+               "format_out": expected.format_out, "format_lse": expected.format_lse,
+               "zero_rows": int((~expected.attended & ~expected.poisoned).sum()),
+               "poisoned_rows": int(expected.poisoned.sum()), "nonfinite": None}
+    if verdict["problems"]:
+        return verdict
+    problems = verdict["problems"]
+    att, poisoned = expected.attended, expected.poisoned
+    empty = ~att & ~poisoned
+    att_lse, empty_lse, poisoned_lse = (x.permute(0, 2, 1) for x in (att, empty, poisoned))
+    out64, lse64 = out.detach().double(), lse.detach().double()
+    nonfinite = int((~torch.isfinite(out64[att])).sum() + (~torch.isfinite(lse64[att_lse])).sum())
+    verdict["nonfinite"] = nonfinite
+    if nonfinite:
+        problems.append(f"{nonfinite} NaN/inf values in out or lse on rows that attend tokens")
+    if bool(att.any()):
+        rel = rel_l2_error(out64[att], expected.out_values[att])
+        rel_exact = rel_l2_error(out64[att], expected.out[att])
+        verdict.update(out_rel_l2=rel, out_rel_l2_exact=rel_exact)
+        if not rel <= expected.out_bound:
+            problems.append(f"out rel L2 {rel:.4g} > bound {expected.out_bound:.4g} (1.25 x the format's "
+                            f"own {expected.format_out:.4g})")
+        if not rel_exact <= SERVING_OUT_BOUND_BF16:
+            problems.append(f"out rel L2 {rel_exact:.4g} against the dequantised cache > bound "
+                            f"{SERVING_OUT_BOUND_BF16:.4g}")
+        err = (lse64 - expected.lse_values)[att_lse].abs()
+        ref = expected.lse[att_lse]
+        err_exact = (lse64[att_lse] - ref).abs()
+        bound_exact = SERVING_LSE_ATOL_BF16 + SERVING_LSE_RTOL_BF16 * ref.abs()
+        verdict.update(lse_err=float(err.max()), lse_err_exact=float(err_exact.max()))
+        fractions = torch.cat([err / expected.lse_bound, err_exact / bound_exact])
+        verdict["lse_fraction"] = float(torch.nan_to_num(fractions, nan=float("inf")).max())
+        if not float(torch.nan_to_num(err, nan=float("inf")).max()) <= expected.lse_bound:
+            problems.append(f"lse error {verdict['lse_err']:.3g} > bound {expected.lse_bound:.3g}")
+        if not bool((err_exact <= bound_exact).all()):
+            problems.append(f"lse error {verdict['lse_err_exact']:.3g} against the dequantised cache > "
+                            f"1e-3 + 1e-4 |lse|")
+    if bool(empty.any()):
+        bad_out = int((out64[empty] != 0).any(dim=-1).sum())
+        bad_lse = int((lse64[empty_lse] != float("inf")).sum())
+        if bad_out or bad_lse:
+            problems.append(f"rows that attend nothing: {bad_out} of {int(empty.sum())} have out != 0, "
+                            f"{bad_lse} have lse != +inf")
+    if bool(poisoned.any()):
+        bad_out = int((~torch.isnan(out64[poisoned])).any(dim=-1).sum())
+        bad_lse = int((~torch.isnan(lse64[poisoned_lse])).sum())
+        if bad_out or bad_lse:
+            problems.append(f"poisoned rows: {bad_out} of {int(poisoned.sum())} have out not all NaN, "
+                            f"{bad_lse} have lse not NaN")
+    verdict["ok"] = not problems
+    return verdict
+
+
+def sparse_message(verdict: dict) -> str:
+    """One line: the problems (if any) first, then the measured errors against their bounds."""
+    parts = []
+    if verdict.get("out_rel_l2") is not None:
+        parts.append(f"out rel L2 {verdict['out_rel_l2']:.4g} (bound {verdict['out_bound']:.4g} = 1.25 x the "
+                     f"format's {verdict['format_out']:.4g}; {verdict['out_rel_l2_exact']:.3g} against the "
+                     "dequantised cache)")
+    if verdict.get("lse_err") is not None:
+        parts.append(f"lse max abs error {verdict['lse_err']:.3g} (bound {verdict['lse_bound']:.3g}; "
+                     f"{verdict['lse_err_exact']:.3g} against the dequantised cache)")
+    if verdict.get("zero_rows"):
+        parts.append(f"{verdict['zero_rows']} rows attend nothing")
+    if verdict.get("poisoned_rows"):
+        parts.append(f"{verdict['poisoned_rows']} rows poisoned")
+    measured = "; ".join(parts) if parts else "no row attends anything"
+    if verdict["problems"]:
+        return "; ".join(verdict["problems"]) + " | " + measured
+    return measured
+
+
+def check_sparse(inputs: SparseInput, out, lse,
+                 expected: Optional[SparseExpected] = None) -> Tuple[bool, str]:
+    """The strict sparse check of (out, lse): ``judge_sparse`` against ``sparse_expected(inputs)``
+    (pass ``expected`` to reuse one). Returns (ok, message)."""
+    if expected is None:
+        expected = sparse_expected(inputs)
+    verdict = judge_sparse(expected, out, lse)
+    return verdict["ok"], sparse_message(verdict)

@@ -16,14 +16,16 @@ Both entry points
   custom_kernel(data)            the leaderboard's call: contiguous KV rows (bf16, fp8, mxfp4), 16
                                  heads, one query token; routed by the active route table
   get_mla_decode_metadata(),     the serving API: a paged bf16 or fp8 cache, 1-128 heads, 1-8
-  mla_decode_with_kvcache(...)   query tokens (causal), out and lse, CUDA-graph safe; routed by
-                                 SERVING_ROUTE_TABLE (serving_route)
+  mla_decode_with_kvcache(...)   query tokens (causal), out and lse, CUDA-graph safe; or the sparse
+                                 form (DeepSeek-V3.2: top-k indices over FlashMLA's 656-byte fp8
+                                 cache); routed by SERVING_ROUTE_TABLE (serving_route)
 
 Kernels, and the cases each serves
   _mla_decode_kernel                  portable Triton (any GPU; the CPU under TRITON_INTERPRET=1):
                                       custom_kernel's fp8 rows off Hopper, every serving case no
                                       other row takes (another GPU, a cache TMA cannot read)
   _mla_decode_mxfp4_kernel            portable Triton: custom_kernel's mxfp4 rows
+  _mla_sparse_kernel                  portable Triton: the serving API's sparse form, every GPU
   _mla_decode_fp8_hopper_kernel       Hopper: custom_kernel's fp8 rows, tokens as the MMA's M, TMA
   _mla_decode_paged_hopper_kernel     Hopper: serving pages of 64 or 128 tokens below 64 query rows,
                                       tokens as M, TMA
@@ -74,6 +76,9 @@ MXFP4_SCALES_PER_ROW = QK_HEAD_DIM // 32
 CONFIG_KEYS = frozenset({"batch_size", "q_seq_len", "kv_seq_len", "sm_scale"})  # the config entries read here
 KV_FORMATS = ("fp8", "bf16", "mxfp4")  # the keys of kv_data
 # bytes a route reads per KV token in each format (mxfp4: 288 packed bytes + 18 scale bytes)
+SPARSE_TOKEN_BYTES = 656  # the sparse form's cache: 512 fp8 latent values, 4 float32 scales, 64 bf16 rope values
+SPARSE_CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8, torch.int8)  # FlashMLA takes its bytes as any of these
+SPARSE_MAX_TOPK = 2**20  # far past FlashMLA's 16384; keeps entry positions well inside int32
 KV_BYTES_PER_TOKEN = {"bf16": 2 * QK_HEAD_DIM, "fp8": QK_HEAD_DIM, "mxfp4": MXFP4_ROW_BYTES + MXFP4_SCALES_PER_ROW}
 
 
@@ -111,13 +116,15 @@ def custom_kernel(data: input_t) -> output_t:
 
 class PlanShape(NamedTuple):
     """What a serving plan is filled for: a call's batch, query tokens, heads, page size, cache
-    format ("bf16" or "fp8") and causal flag."""
+    format ("bf16", "fp8", or "fp8_sparse": the sparse form's 656-byte cache), causal flag, and
+    the sparse form's entries per query (topk; 0 for the dense form)."""
     batch: int
     s_q: int
     h_q: int
     page_size: int
     kv: str
     causal: bool
+    topk: int = 0
 
 
 @dataclass(eq=False)
@@ -167,11 +174,15 @@ def get_mla_decode_metadata(*args, **kwargs) -> tuple[MlaDecodePlan, None]:
     return MlaDecodePlan(), None
 
 
-def mla_decode_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
-                            cache_seqlens: torch.Tensor, head_dim_v: int, plan: MlaDecodePlan,
+def mla_decode_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
+                            cache_seqlens: torch.Tensor | None, head_dim_v: int, plan: MlaDecodePlan,
                             num_splits: int | None = None, softmax_scale: float | None = None, causal: bool = False,
+                            is_fp8_kvcache: bool = False, indices: torch.Tensor | None = None, attn_sink: None = None,
+                            extra_k_cache: None = None, extra_indices_in_kvcache: None = None,
+                            topk_length: torch.Tensor | None = None, extra_topk_length: None = None, *,
                             k_scale: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """MLA decode attention over a paged latent cache, as FlashMLA's flash_mla_with_kvcache.
+    """MLA decode attention over a paged latent cache, as FlashMLA's flash_mla_with_kvcache: the
+    dense form (block_table and cache_seqlens), or DeepSeek-V3.2's sparse form (indices).
 
     Args:
         q: (batch, s_q, h_q, 576) bfloat16, any layout; s_q 1..8 query tokens, h_q 1..128 heads.
@@ -188,29 +199,55 @@ def mla_decode_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table:
         softmax_scale: default 1 / sqrt(576).
         causal: query token i attends the first cache_seqlens - s_q + i + 1 tokens (the cache
             already holds the s_q new tokens); otherwise all cache_seqlens tokens.
-        k_scale: fp8 cache only, the dequantisation scale (value = fp8 x k_scale): a Python float,
-            or a float32 tensor of one element on q's device (read by the kernel: no sync).
+        is_fp8_kvcache: True for an fp8 cache (the dense form reads the cache's own dtype; the
+            sparse form needs True).
+        indices: the sparse form: (batch, s_q, topk) int32, last dimension contiguous, block id x
+            page_size + offset of each token a query attends, -1 skipping an entry (topk 1 to
+            2^20); k_cache is then FlashMLA's V3.2 layout (num_blocks, page_size, 1, 656) of
+            float8_e4m3fn (or uint8 / int8, the same bytes): per token 512 fp8 latent values in 4
+            tiles of 128, their 4 float32 scales (value = fp8 x scale), 64 bf16 rope values; its
+            tokens 656 bytes apart, its start on 16 bytes, its blocks a multiple of 16 bytes
+            apart; block_table and cache_seqlens are not read (pass None); causal False; no
+            k_scale (the cache holds its scales).
+        topk_length: the sparse form only, None or (batch,) int32: only the first topk_length[b]
+            entries of request b's queries count (the rest are never read).
+        attn_sink, extra_k_cache, extra_indices_in_kvcache, extra_topk_length: FlashMLA's, not
+            served: None.
+        k_scale: (keyword) a dense fp8 cache only, the dequantisation scale (value = fp8 x
+            k_scale): a Python float, or a float32 tensor of one element on q's device (read by
+            the kernel: no sync).
     Returns:
         out: fresh (batch, s_q, h_q, 512) bfloat16 attention output.
         lse: fresh (batch, h_q, s_q) float32 natural-log sum of exp(softmax_scale q.k) over the
             attended tokens. A row with nothing attended has out 0 and lse +inf. A request whose
             length is negative or beyond its block_table row, or whose used block ids are outside
-            the cache, comes back NaN (never read outside the cache).
+            the cache, comes back NaN (never read outside the cache). The sparse form: a token
+            listed twice counts twice; an entry below -1 or at or past num_blocks x page_size
+            makes that query's out and lse NaN, a topk_length outside [0, topk] its request's;
+            nothing outside the cache is read and the other queries are right.
     Raises:
         ValueError naming the argument for shapes, dtypes, devices, layouts and page sizes outside
         the above (no GPU sync), or for a plan filled by a call of another shape.
     """
+    if not isinstance(plan, MlaDecodePlan):
+        raise ValueError(f"plan is {_describe(plan)}: pass the plan get_mla_decode_metadata() returns")
+    unserved = (attn_sink, extra_k_cache, extra_indices_in_kvcache, extra_topk_length)  # FlashMLA's: must be None
+    if indices is not None:  # the sparse form: checked on every call (attribute reads), then plan -> launch
+        shape = check_sparse_inputs(q, k_cache, indices, topk_length, head_dim_v, num_splits, softmax_scale, causal,
+                                    is_fp8_kvcache, k_scale, unserved)
+        return _prepare_call(plan, shape, q, k_cache, None, softmax_scale)(q, k_cache, indices, topk_length, None)
     # check: a call whose signature (shapes, strides, dtypes, devices, arguments) the plan has seen
     # was checked then, and pays attribute reads only
+    dense_only = topk_length is None and unserved == (None, None, None, None)
     signature = _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
-                                   causal, k_scale)
+                                   causal, k_scale, (is_fp8_kvcache, dense_only))
     try:
         run = None if signature is None else plan.launches.get(signature)
     except TypeError:  # an argument that cannot be hashed: check_serving_inputs names it
         run = signature = None
     if run is None:  # check, then the plan (filled by the first call) and how this signature runs
         shape = check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
-                                     causal, k_scale)
+                                     causal, k_scale, (is_fp8_kvcache, topk_length, *unserved))
         run = _prepare_call(plan, shape, q, k_cache, block_table, softmax_scale)
         if signature is not None:
             plan.launches[signature] = run
@@ -379,7 +416,7 @@ def declares_uniform_kv(batch, total_kv, config):
 
 
 def _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
-                       k_scale):
+                       k_scale, form):
     """Everything check_serving_inputs looks at, as a tuple (attribute reads only; hashable unless
     an argument is not); None when an argument is not what it must be (check_serving_inputs then
     says which)."""
@@ -390,7 +427,7 @@ def _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_s
         signature = (q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
                      k_cache.get_device(), block_table.shape, block_table.stride(), block_table.dtype,
                      block_table.get_device(), cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
-                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale,
+                     cache_seqlens.get_device(), head_dim_v, num_splits, softmax_scale, causal, scale, form,
                      k_cache.data_ptr() % 16 == 0)
         if IS_HIP:  # HIP's JIT also specialises each tensor on its storage fitting 2 GiB (_specialisation)
             signature += tuple(t.untyped_storage().nbytes() <= HIP_RANGE32_BYTES
@@ -408,11 +445,9 @@ def _check_tensor(field, x, dtype_ok, dims, device=None):
         _same_device(field, x, device)
 
 
-def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
-                         k_scale):
-    """Validate a serving call without reading tensor contents (no GPU sync); return the plan
-    shape (batch, s_q, h_q, page_size, cache format, causal). Raises ValueError naming the
-    argument. Contents are the kernel's to check: lengths, block ids (their rows come back NaN)."""
+def _check_q(q):
+    """The serving API's q: (batch, s_q, h_q, 576) bfloat16, s_q and h_q within what is served;
+    returns (batch, s_q, h_q)."""
     _check_tensor("q", q, lambda d: d == torch.bfloat16, 4)
     batch, s_q, h_q, dims = q.shape
     if dims != QK_HEAD_DIM:
@@ -423,13 +458,47 @@ def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num
         raise ValueError(f"q has s_q {s_q} query tokens per request: 1 to {SERVING_MAX_Q_LEN} are served")
     if not 1 <= h_q <= SERVING_MAX_HEADS:
         raise ValueError(f"q has h_q {h_q} heads: 1 to {SERVING_MAX_HEADS} are served")
+    return batch, s_q, h_q
+
+
+def _check_softmax_scale(softmax_scale):
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+                                      or not 0 < softmax_scale < float("inf")):
+        raise ValueError(f"softmax_scale is {softmax_scale!r}: a positive finite number, or None for 1/sqrt(576)")
+
+
+UNSERVED = ("attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")  # FlashMLA's, here None
+
+
+def _check_form(is_fp8_kvcache, unserved):
+    """FlashMLA's arguments this file does not serve are None, and is_fp8_kvcache a bool."""
+    for name, value in zip(UNSERVED, unserved, strict=True):
+        if value is not None:
+            raise ValueError(f"{name} is given: FlashMLA's {name} is not served here, pass None")
+    if not isinstance(is_fp8_kvcache, bool):
+        raise ValueError(f"is_fp8_kvcache is {is_fp8_kvcache!r}: True or False")
+
+
+def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale, causal,
+                         k_scale, form):
+    """Validate a dense serving call without reading tensor contents (no GPU sync); return its
+    PlanShape. `form`: (is_fp8_kvcache, topk_length, then FlashMLA's unserved arguments). Raises
+    ValueError naming the argument. Contents are the kernel's to check: lengths, block ids (their
+    rows come back NaN)."""
+    is_fp8_kvcache, topk_length, *unserved = form
+    _check_form(is_fp8_kvcache, unserved)
+    if topk_length is not None:
+        raise ValueError("topk_length is given without indices: it counts the sparse form's entries")
+    batch, s_q, h_q = _check_q(q)
     _check_tensor("k_cache", k_cache, lambda d: d == torch.bfloat16 or d in FP8_DTYPES, 4, q.device)
     num_blocks, page_size, kv_heads, kv_dims = k_cache.shape
     if kv_heads != NUM_KV_HEADS:
         raise ValueError(f"k_cache has {kv_heads} KV heads (dimension 2 of {tuple(k_cache.shape)}): MLA has one "
                          "latent KV head")
     if kv_dims != QK_HEAD_DIM:
-        raise ValueError(f"k_cache must be (num_blocks, page_size, 1, {QK_HEAD_DIM}), got {tuple(k_cache.shape)}")
+        raise ValueError(f"k_cache must be (num_blocks, page_size, 1, {QK_HEAD_DIM}), got {tuple(k_cache.shape)}"
+                         + (": FlashMLA's 656-byte V3.2 cache is read through indices (the sparse form)"
+                            if kv_dims == SPARSE_TOKEN_BYTES else ""))
     if page_size not in SERVING_PAGE_SIZES:
         raise ValueError(f"k_cache has page_size {page_size}: the served page sizes are {SERVING_PAGE_SIZES}")
     if num_blocks < 1:
@@ -452,12 +521,12 @@ def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num
     if num_splits is not None:
         raise ValueError(f"num_splits is {num_splits!r}: pass None (the plan chooses the splits; set "
                          "plan.num_splits before its first call to fix them)")
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
-                                      or not 0 < softmax_scale < float("inf")):
-        raise ValueError(f"softmax_scale is {softmax_scale!r}: a positive finite number, or None for 1/sqrt(576)")
+    _check_softmax_scale(softmax_scale)
     if not isinstance(causal, bool):
         raise ValueError(f"causal is {causal!r}: True or False")
     fp8 = k_cache.dtype in FP8_DTYPES
+    if is_fp8_kvcache and not fp8:
+        raise ValueError(f"is_fp8_kvcache is True with a {k_cache.dtype} k_cache")
     if not fp8 and k_scale is not None:
         raise ValueError("k_scale is given for a bfloat16 k_cache: it dequantises an fp8 cache only")
     if fp8 and k_scale is None:
@@ -471,6 +540,53 @@ def check_serving_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, num
     elif fp8 and (isinstance(k_scale, bool) or not isinstance(k_scale, (int, float))):
         raise ValueError(f"k_scale must be a Python float or a float32 tensor of one element, got {_describe(k_scale)}")
     return PlanShape(batch, s_q, h_q, page_size, "fp8" if fp8 else "bf16", causal)
+
+
+
+
+def check_sparse_inputs(q, k_cache, indices, topk_length, head_dim_v, num_splits, softmax_scale, causal,
+                        is_fp8_kvcache, k_scale, unserved):
+    """Validate a sparse call (FlashMLA's sparse form) without reading tensor contents (no GPU
+    sync); return its PlanShape (kv "fp8_sparse", topk). Raises ValueError naming the argument.
+    Entry values and lengths are the kernel's to check (their queries come back NaN)."""
+    _check_form(is_fp8_kvcache, unserved)
+    if head_dim_v != V_HEAD_DIM:
+        raise ValueError(f"head_dim_v is {head_dim_v!r}: MLA's values are the first {V_HEAD_DIM} latent dims")
+    if num_splits is not None:
+        raise ValueError(f"num_splits is {num_splits!r}: pass None (the plan chooses the splits)")
+    if causal is not False:
+        raise ValueError(f"causal is {causal!r} with indices: sparse attention has no causal mask (the indices "
+                         "choose the tokens), pass causal=False")
+    if is_fp8_kvcache is not True:
+        raise ValueError(f"is_fp8_kvcache is {is_fp8_kvcache!r} with indices: sparse decode reads FlashMLA's fp8 "
+                         f"cache of {SPARSE_TOKEN_BYTES} bytes a token, pass is_fp8_kvcache=True")
+    if k_scale is not None:
+        raise ValueError("k_scale is given with indices: the 656-byte cache holds its own scales")
+    batch, s_q, h_q = _check_q(q)
+    _check_tensor("k_cache", k_cache, lambda d: d in SPARSE_CACHE_DTYPES, 4, q.device)
+    num_blocks, page_size, kv_heads, token_bytes = k_cache.shape
+    if kv_heads != 1 or token_bytes != SPARSE_TOKEN_BYTES:
+        raise ValueError(f"k_cache with indices must be FlashMLA's V3.2 fp8 layout (num_blocks, page_size, 1, "
+                         f"{SPARSE_TOKEN_BYTES}) of float8_e4m3fn, uint8 or int8 bytes, got {_describe(k_cache)}")
+    if num_blocks < 1 or page_size < 1:
+        raise ValueError(f"k_cache has no tokens: shape {tuple(k_cache.shape)}")
+    _unit_last_stride("k_cache", k_cache)
+    if k_cache.stride(1) != SPARSE_TOKEN_BYTES or k_cache.stride(0) % 16 or k_cache.data_ptr() % 16:
+        raise ValueError(f"k_cache starts at {k_cache.data_ptr():#x} with strides {tuple(k_cache.stride())}: a "
+                         f"block's tokens must be {SPARSE_TOKEN_BYTES} bytes apart (as FlashMLA requires), the cache "
+                         "must start on 16 bytes and its blocks be a multiple of 16 bytes apart")
+    _check_tensor("indices", indices, lambda d: d == torch.int32, 3, q.device)
+    if indices.shape[:2] != (batch, s_q) or not 1 <= indices.shape[2] <= SPARSE_MAX_TOPK:
+        raise ValueError(f"indices must be (batch = {batch}, s_q = {s_q}, topk) int32 with topk 1 to "
+                         f"{SPARSE_MAX_TOPK}, got {tuple(indices.shape)}")
+    _unit_last_stride("indices", indices)
+    if topk_length is not None:
+        _check_tensor("topk_length", topk_length, lambda d: d == torch.int32, 1, q.device)
+        if topk_length.shape[0] != batch:
+            raise ValueError(f"topk_length must be (batch = {batch},) int32, got {tuple(topk_length.shape)}")
+        _unit_last_stride("topk_length", topk_length)
+    _check_softmax_scale(softmax_scale)
+    return PlanShape(batch, s_q, h_q, page_size, "fp8_sparse", False, indices.shape[2])
 
 
 # =============================================================================================
@@ -864,6 +980,7 @@ SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its me
 SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
 SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
 TMA_TILE = 64  # tokens a Hopper tile reads; TMA reads a tile from one page, so shorter pages are gathered
+SPARSE_SPLIT_MIN_ENTRIES = 256  # the sparse form: a split of fewer entries costs more in its merge than it saves
 
 # A row serves a plan where its "kv" is the cache's format and, where the row names them, the plan's
 # head count is in "heads", its query tokens in "s_q", its page size in "pages", its batch at most
@@ -924,6 +1041,10 @@ SERVING_ROUTE_TABLE = [
     # the portable kernel: every other case, and every GPU and the CPU (h36, h38)
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
+    # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache): the portable sparse kernel,
+    # 32 entries a tile at 8 warps, the configuration that compiles for sm_90 without spills (issue 59)
+    {"kv": "fp8_sparse", "route": "triton_sparse",
+     "params": {"rows": 16, "block_n": 32, "num_warps": 8, "num_stages": 2}},
 ]
 
 
@@ -937,9 +1058,16 @@ def serving_row_serves(row, shape):
 
 
 def route_rows(row):
-    """Query rows per program of a serving table row: its params' "rows" on the Hopper route (16
-    where absent), SERVING_ROWS on the portable one."""
-    return row["params"].get("rows", SERVING_ROWS) if row["route"] == "hopper_paged" else SERVING_ROWS
+    """Query rows per program of a serving table row: its params' "rows" on the Hopper route and the
+    sparse one (16 where absent), SERVING_ROWS on the portable one."""
+    own_rows = row["route"] in ("hopper_paged", "triton_sparse")
+    return row["params"].get("rows", SERVING_ROWS) if own_rows else SERVING_ROWS
+
+
+def _programs_to_fill(device):
+    """Programs that keep every multiprocessor busy twice over (SERVING_CPU_PROGRAMS without a GPU,
+    and for device None: the compile plans)."""
+    return SERVING_CPU_PROGRAMS if device is None or device.type == "cpu" else 2 * sm_count(device)
 
 
 class ServingRoute(NamedTuple):
@@ -959,9 +1087,11 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
     - the kernel: aiter's route where aiter loaded; on Hopper, pages of whole tiles through TMA (the
       seesaw kernel where the row says "seesaw", else the tokens-as-M kernel), shorter pages
       gathered a row per token; elsewhere, and for a cache TMA cannot read, the portable kernel;
+      the sparse form (kv "fp8_sparse"), the portable sparse kernel;
     - the split count: num_splits where given; Hopper, one chunk per program slot of the GPU
       ("waves" of the programs resident at once); portable, enough programs to fill the GPU twice,
-      no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's capacity (tokens);
+      no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's capacity (tokens), or,
+      sparse, than SPARSE_SPLIT_MIN_ENTRIES of the query's entries;
     - spans: the row asks for them and the batch can outgrow one wave of chunks (batch x
       SERVING_MAX_SPLITS > the split count); otherwise every chunk schedule fits one wave, the span
       cost model would never take spans, and the kernel without them is the faster one to carry."""
@@ -974,10 +1104,14 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
             return ServingRoute(row, kernel=None, num_splits=0, spans=False)
         groups = triton.cdiv(shape.s_q * shape.h_q, route_rows(row))
         if route == "triton_paged":
-            programs = SERVING_CPU_PROGRAMS if device is None or device.type == "cpu" else 2 * sm_count(device)
-            splits = num_splits or max(1, min(triton.cdiv(programs, shape.batch * groups),
+            splits = num_splits or max(1, min(triton.cdiv(_programs_to_fill(device), shape.batch * groups),
                                               capacity // SERVING_SPLIT_MIN_TOKENS))
             return ServingRoute(row, _mla_decode_kernel, splits, False)
+        if route == "triton_sparse":  # a program per query token and head group: no query tokens share entries
+            programs = shape.batch * shape.s_q * triton.cdiv(shape.h_q, route_rows(row))
+            splits = num_splits or max(1, min(triton.cdiv(_programs_to_fill(device), programs),
+                                              shape.topk // SPARSE_SPLIT_MIN_ENTRIES))
+            return ServingRoute(row, _mla_sparse_kernel, splits, False)
         if shape.page_size < TMA_TILE:
             kernel = _mla_decode_gathered_hopper_kernel
         else:
@@ -1054,39 +1188,12 @@ def launch(kernel, grid, tensors, scalars, constexprs, num_warps, num_stages, fl
             # every constexpr in signature order, defaults included, as Triton's own launch passes them
             values = dict(keyword_defaults(kernel), **constexprs)
             _keep_descriptor_encodings(compiled)
-            entry = _COMPILED[key] = (_direct_launcher(compiled, (*grid, 1, 1)[:3]),
+            entry = _COMPILED[key] = (compiled[(*grid, 1, 1)[:3]],
                                       tuple(values[name] for name in kernel.arg_names[len(tensors) + len(scalars):]))
         return entry
     run_compiled, constexpr_values = entry
     run_compiled(*tensors, *scalars, *constexpr_values)
     return entry
-
-
-def _direct_launcher(compiled, grid):
-    """compiled[grid] (Triton 3.6's runner) without its per-call Python, for launches with no launch
-    hook installed (launch() and the serving API's recorded launches check that on every call).
-
-    Triton's runner builds, per launch, the hooks' metadata (a dict of every argument by name) and
-    its C launch function calls both (empty) hook chains back in Python; its CUDA launcher then
-    sizes two scratch buffers. Here the C launch function gets what that path gives it, the
-    current device's current queue read per call as the runner reads it, no metadata and no hooks
-    (what Triton passes where none is installed). Kernels that take global or profile scratch, and
-    launchers that are not 3.6's CudaLauncher, keep Triton's runner."""
-    runner = compiled[grid]
-    launcher = getattr(compiled, "run", None)
-    c_launch = getattr(launcher, "launch", None)
-    current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton 3.6's driver reads
-    if (type(launcher).__name__ != "CudaLauncher" or c_launch is None or current_stream is None
-            or getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1)):
-        return runner
-    grid_x, grid_y, grid_z = grid
-    head = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
-            compiled.packed_metadata, None, None, None)
-    current_device = torch.cuda.current_device
-
-    def run(*args):
-        c_launch(grid_x, grid_y, grid_z, current_stream(current_device()), *head, *args)
-    return run
 
 
 def _closure_cells(fn):
@@ -1902,6 +2009,218 @@ def triton_compile_plan(route, params, fp8_dtype="fp8e4nv"):
     (float8_e4m3fnuz: MI300)."""
     plan = TRITON_COMPILE_PLANS.get(route)  # each plan returns its list of entries
     return [] if plan is None else plan(params, fp8_dtype)
+
+
+
+
+# --- the sparse form: DeepSeek-V3.2's top-k indices over FlashMLA's 656-byte fp8 cache ----------
+# The cache is FlashMLA's V3.2 layout: per token 512 float8_e4m3fn latent values in 4 tiles of
+# 128, the tiles' 4 float32 scales (value = fp8 x scale; powers of two from FlashMLA's
+# quantiser), 64 bf16 rope values: 656 bytes, tokens of a block back to back. indices (batch,
+# s_q, topk) int32: block id x page_size + offset of each token a query attends, -1 skips the
+# entry; topk_length (batch,) int32, optional, keeps the first topk_length[b] entries of request
+# b's queries. Bad contents make rows NaN, never a read outside the cache: an entry below -1 or at
+# or past num_blocks x page_size makes its query NaN (out and lse); a topk_length outside
+# [0, topk] its request's. A query with nothing to attend has out 0 and lse +inf.
+
+
+@triton.jit
+def _sparse_entries(IDX_ROW, positions, in_split, capacity, page_size, stride_kv_block, TOKEN_BYTES: tl.constexpr):
+    """A tile's entries at `positions` of one query's index row: (valid, the byte offset of each
+    valid entry's token in the cache, poison). Valid: inside the split and a token of the cache
+    (0 <= entry < capacity); -1 is skipped; an entry below -1 or at or past the capacity is
+    poison (NaN, added to the query's scale), never an address. The block's offset is 64-bit
+    (caches past 2^31 bytes)."""
+    entry = tl.load(IDX_ROW + positions, mask=in_split, other=-1)
+    valid = in_split & (entry >= 0) & (entry < capacity)
+    bad = in_split & ((entry < -1) | (entry >= capacity))
+    safe = tl.where(valid, entry, 0)
+    rows = (safe // page_size).to(tl.int64) * stride_kv_block + (safe % page_size).to(tl.int64) * TOKEN_BYTES
+    return valid, rows, tl.where(tl.max(bad.to(tl.int32), 0) > 0, float("nan"), 0.0)
+
+
+@triton.jit
+def _sparse_latent(KV8, KV32, rows, valid, TILE: tl.constexpr, CHUNK: tl.constexpr, LATENT: tl.constexpr):
+    """Latent tile TILE (CHUNK values) of the tile's tokens, dequantised: fp8 x the tile's float32
+    scale, as bf16 (BLOCK_N x CHUNK). Exact: an fp8 value times a power of two fits bf16. Entries
+    not valid load 0 and read nothing (a NaN in a token no query selects never enters)."""
+    dims = tl.arange(0, CHUNK)
+    k = tl.load(KV8 + rows[:, None] + TILE * CHUNK + dims[None, :], mask=valid[:, None], other=0.0)
+    scale = tl.load(KV32 + rows // 4 + LATENT // 4 + TILE, mask=valid, other=0.0)
+    return (k.to(tl.float32) * scale[:, None]).to(tl.bfloat16)
+
+
+@triton.jit
+def _sparse_q_t(q_rows, row_ok, TILE: tl.constexpr, CHUNK: tl.constexpr):
+    """Q^T of the program's rows over dims TILE * CHUNK ... (CHUNK x ROWS) bf16; rows past row_ok 0."""
+    dims = tl.arange(0, CHUNK)
+    return tl.load(q_rows[None, :] + TILE * CHUNK + dims[:, None], mask=row_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _sparse_store(out_rows, row_ok, chunk_t, TILE: tl.constexpr, CHUNK: tl.constexpr):
+    """Store out's dims TILE * CHUNK ... of the program's rows from chunk_t (CHUNK x ROWS)."""
+    dims = tl.arange(0, CHUNK)
+    tl.store(out_rows[:, None] + TILE * CHUNK + dims[None, :], tl.trans(chunk_t).to(tl.bfloat16), mask=row_ok[:, None])
+
+
+@triton.jit
+def _sparse_store_lse(lse_rows, row_ok, lse2):
+    """lse in natural log from its base-2 value: +inf for a row with nothing attended (lse2 -inf),
+    NaN kept."""
+    tl.store(lse_rows, tl.where(lse2 == float("-inf"), float("inf"), lse2 * 0.6931471805599453), mask=row_ok)
+
+
+@triton.jit
+def _mla_sparse_kernel(
+    Q, KV8, KV32, KV16, INDICES, TOPK_LENGTH, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2, capacity, page_size, num_heads, q_len, topk,
+    stride_q_batch, stride_q_token, stride_q_head, stride_kv_block, stride_idx_batch, stride_idx_token,
+    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
+    NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_TOPK_LENGTH: tl.constexpr,
+    LATENT: tl.constexpr = 512, CHUNK: tl.constexpr = 128, ROPE: tl.constexpr = 64,
+):
+    """Sparse MLA decode over FlashMLA's 656-byte fp8 cache, split over the entries, the split
+    merge fused into the last split (as _mla_decode_kernel).
+
+    Grid (batch x q_len, NUM_SPLITS, head groups). A program takes one query token, ROWS of its
+    heads and one split of its entries (the first topk_length[b] of its index row, else all
+    topk), BLOCK_N entries a tile. KV8 / KV32 / KV16 are the cache's bytes as fp8, float32 and
+    bf16: a token's row at byte `rows` holds its latent at KV8 + rows, its 4 scales at KV32 +
+    rows / 4 + 128, its rope at KV16 + rows / 2 + 264.
+    Each tile: the entries' tokens gathered (a block id and offset per entry), each latent tile of
+    128 dequantised to bf16 (fp8 x its power-of-two scale: exact), the rope as it is; q stays bf16.
+    Products are transposed, tokens as M: S^T = K.Q^T is (BLOCK_N x ROWS), four latent tiles and
+    the rope accumulated in float32; O^T += V^T.P^T in four (128 x ROWS) accumulators, P in bf16.
+    Online softmax in base 2; entries that are skipped, past the split or poisoned are -inf and
+    never loaded.
+    NUM_SPLITS > 1: each program writes its float32 partial O^T and base-2 lse; the one that draws
+    the last ticket of its (query token, head group) merges the splits (_merge_splits, a 128-dim
+    tile at a time), writes out and lse and resets the ticket for the next call.
+    Poison (NaN out and lse for the query): an entry below -1 or past the cache, or its request's
+    topk_length outside [0, topk]. Nothing attended: out 0, lse +inf.
+    """
+    query = tl.program_id(0)
+    split = tl.program_id(1)
+    group = tl.program_id(2)
+    batch = query // q_len
+    q_token = query % q_len
+    TOKEN_BYTES: tl.constexpr = LATENT + 4 * (LATENT // CHUNK) + 2 * ROPE  # 656
+
+    # The query's entries: the first topk_length[batch] of its row (a bad length poisons them all).
+    length = topk
+    if HAS_TOPK_LENGTH:
+        length = tl.load(TOPK_LENGTH + batch)
+    poison = tl.where((length < 0) | (length > topk), float("nan"), 0.0)
+    length = tl.where(poison != poison, 0, length)
+    split_begin, split_end = _split_bounds(0, length, split, NUM_SPLITS, BLOCK_N)
+    idx_row = INDICES + batch.to(tl.int64) * stride_idx_batch + q_token * stride_idx_token
+
+    heads = group * ROWS + tl.arange(0, ROWS)
+    row_ok = heads < num_heads
+    q_rows = Q + batch.to(tl.int64) * stride_q_batch + q_token * stride_q_token + heads * stride_q_head
+    q0_t = _sparse_q_t(q_rows, row_ok, 0, CHUNK)
+    q1_t = _sparse_q_t(q_rows, row_ok, 1, CHUNK)
+    q2_t = _sparse_q_t(q_rows, row_ok, 2, CHUNK)
+    q3_t = _sparse_q_t(q_rows, row_ok, 3, CHUNK)
+    rope = tl.arange(0, ROPE)
+    q_rope_t = tl.load(q_rows[None, :] + LATENT + rope[:, None], mask=row_ok[None, :], other=0.0)
+
+    running_max = tl.full([ROWS], float("-inf"), tl.float32)
+    running_sum = tl.zeros([ROWS], tl.float32)
+    acc0 = tl.zeros([CHUNK, ROWS], tl.float32)
+    acc1 = tl.zeros([CHUNK, ROWS], tl.float32)
+    acc2 = tl.zeros([CHUNK, ROWS], tl.float32)
+    acc3 = tl.zeros([CHUNK, ROWS], tl.float32)
+    tokens = tl.arange(0, BLOCK_N)
+    for tile_begin in range(split_begin, split_end, BLOCK_N):
+        positions = tile_begin + tokens
+        valid, rows, tile_poison = _sparse_entries(idx_row, positions, positions < split_end, capacity, page_size,
+                                                   stride_kv_block, TOKEN_BYTES)
+        poison += tile_poison
+        k0 = _sparse_latent(KV8, KV32, rows, valid, 0, CHUNK, LATENT)
+        k1 = _sparse_latent(KV8, KV32, rows, valid, 1, CHUNK, LATENT)
+        k2 = _sparse_latent(KV8, KV32, rows, valid, 2, CHUNK, LATENT)
+        k3 = _sparse_latent(KV8, KV32, rows, valid, 3, CHUNK, LATENT)
+        k_rope = tl.load(KV16 + rows[:, None] // 2 + (LATENT + 4 * (LATENT // CHUNK)) // 2 + rope[None, :],
+                         mask=valid[:, None], other=0.0)
+        scores_t = tl.dot(k_rope, q_rope_t)
+        scores_t = tl.dot(k0, q0_t, scores_t)
+        scores_t = tl.dot(k1, q1_t, scores_t)
+        scores_t = tl.dot(k2, q2_t, scores_t)
+        scores_t = tl.dot(k3, q3_t, scores_t)
+        scores_t = tl.where(valid[:, None], scores_t * sm_scale_log2, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores_t, 0))
+        # a tile of skipped entries leaves a row at -inf: shift it by 0, not by -inf
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(running_max - shift)
+        probs_t = tl.exp2(scores_t - shift[None, :])
+        running_sum = running_sum * correction + tl.sum(probs_t, 0)
+        p_t = probs_t.to(tl.bfloat16)
+        acc0 = tl.dot(tl.trans(k0), p_t, acc0 * correction[None, :])
+        acc1 = tl.dot(tl.trans(k1), p_t, acc1 * correction[None, :])
+        acc2 = tl.dot(tl.trans(k2), p_t, acc2 * correction[None, :])
+        acc3 = tl.dot(tl.trans(k3), p_t, acc3 * correction[None, :])
+        running_max = new_max
+
+    out_rows = OUT + batch.to(tl.int64) * stride_o_batch + q_token * stride_o_token + heads * stride_o_head
+    lse_rows = LSE + batch.to(tl.int64) * stride_lse_batch + heads * stride_lse_head + q_token * stride_lse_token
+    lse2, safe_sum = _split_lse(running_max, running_sum)
+    if NUM_SPLITS == 1:
+        out_scale = (tl.where(running_sum != 0, 1.0 / safe_sum, 0.0) + poison)[None, :]
+        _sparse_store(out_rows, row_ok, acc0 * out_scale, 0, CHUNK)
+        _sparse_store(out_rows, row_ok, acc1 * out_scale, 1, CHUNK)
+        _sparse_store(out_rows, row_ok, acc2 * out_scale, 2, CHUNK)
+        _sparse_store(out_rows, row_ok, acc3 * out_scale, 3, CHUNK)
+        _sparse_store_lse(lse_rows, row_ok, lse2 + poison)
+    else:
+        pair = query * tl.num_programs(2) + group
+        slot = pair * NUM_SPLITS + split
+        r = tl.arange(0, ROWS)
+        dims = tl.arange(0, CHUNK)
+        partial = PARTIAL_O + slot.to(tl.int64) * LATENT * ROWS
+        tl.store(partial + (0 * CHUNK + dims)[:, None] * ROWS + r[None, :], acc0 / safe_sum[None, :])
+        tl.store(partial + (1 * CHUNK + dims)[:, None] * ROWS + r[None, :], acc1 / safe_sum[None, :])
+        tl.store(partial + (2 * CHUNK + dims)[:, None] * ROWS + r[None, :], acc2 / safe_sum[None, :])
+        tl.store(partial + (3 * CHUNK + dims)[:, None] * ROWS + r[None, :], acc3 / safe_sum[None, :])
+        tl.store(PARTIAL_LSE + slot * ROWS + r, lse2 + poison)  # a poisoned split's NaN lse makes the merge NaN
+        if _last_split_to_finish(SPLIT_TICKETS, pair, NUM_SPLITS):
+            first = pair * NUM_SPLITS
+            for t in tl.static_range(4):
+                offsets = (t * CHUNK + dims)[:, None] * ROWS + r[None, :]
+                merged_t, merged_lse2 = _merge_splits(PARTIAL_O, PARTIAL_LSE, first, offsets, r, NUM_SPLITS, ROWS,
+                                                      LATENT * ROWS)
+                _sparse_store(out_rows, row_ok, merged_t, t, CHUNK)
+            _sparse_store_lse(lse_rows, row_ok, merged_lse2)
+            tl.atomic_xchg(SPLIT_TICKETS + pair, 0)
+
+
+_SPARSE_KERNEL_SIGNATURE = {
+    "Q": "*bf16", "KV8": "*fp8e4nv", "KV32": "*fp32", "KV16": "*bf16", "INDICES": "*i32", "TOPK_LENGTH": "*i32",
+    "OUT": "*bf16", "LSE": "*fp32", "PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "SPLIT_TICKETS": "*i32",
+    "sm_scale_log2": "fp32", "capacity": "i32", "page_size": "i32", "num_heads": "i32", "q_len": "i32", "topk": "i32",
+    "stride_q_batch": "i32", "stride_q_token": "i32", "stride_q_head": "i32", "stride_kv_block": "i32",
+    "stride_idx_batch": "i32", "stride_idx_token": "i32", "stride_o_batch": "i32", "stride_o_token": "i32",
+    "stride_o_head": "i32", "stride_lse_batch": "i32", "stride_lse_head": "i32", "stride_lse_token": "i32",
+}
+
+
+def triton_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), topk_length=(False, True)):
+    """The portable sparse route's compiles for a serving table row's params: one split and two,
+    with and without topk_length. Aligned as FlashMLA's benchmark shapes launch it: pages of 64,
+    topk 2048, 64 or 128 heads, s_q 2 (every pointer, the capacity, topk and the strides but the
+    lse's token stride and the float scale). The cache's bytes are float8_e4m3fn on every target
+    (FlashMLA's layout), whatever fp8_dtype the target's dense cache takes."""
+    del fp8_dtype
+    p = params
+    unaligned = ("sm_scale_log2", "stride_lse_token", "q_len")
+    return [{"kernel": _mla_sparse_kernel, "signature": dict(_SPARSE_KERNEL_SIGNATURE),
+             "constexprs": {"NUM_SPLITS": splits, "BLOCK_N": p["block_n"], "ROWS": p["rows"], "HAS_TOPK_LENGTH": has,
+                            "LATENT": V_HEAD_DIM, "CHUNK": 128, "ROPE": ROPE_DIM},
+             "aligned_args": [name for name in _SPARSE_KERNEL_SIGNATURE if name not in unaligned],
+             "range32_args": [name for name, kind in _SPARSE_KERNEL_SIGNATURE.items() if kind.startswith("*")],
+             "num_warps": p["num_warps"], "num_stages": p["num_stages"]}
+            for splits in num_splits for has in topk_length]
 
 
 # =============================================================================================
@@ -3252,6 +3571,7 @@ def _mla_decode_gathered_hopper_kernel(
 # of tiles (in step: the pair's running max from both tiles' maxima), and a one-warp TMA
 # loader; the schedule, pages and partials of the tokens-as-M serving kernels.
 
+
 # A row's running max moves only where a tile passes it by more than this (log2 units): P <= 2^0.8,
 # stored as 256 P <= 446 within e4m3's 448
 SW_TAU = gl.constexpr(0.8)
@@ -3865,7 +4185,7 @@ def hopper_shared_bytes_bound(num_stages, element_bytes=1, rows=NUM_HEADS):
     """An upper bound on the Hopper kernel's shared memory: the ring (64 tokens x 576 elements per
     slot), q (rows x 576), P^T (64 tokens x 2 bytes per row: fp8 hi and lo, f16 or bf16), the
     barriers and 24 KiB for the compiler's scratch (the span schedule's epilogue cannot reuse the
-    ring's space, which lives across its segment loop; tests/test_kernel_report.py
+    ring's space, which lives across its segment loop; tests/cpu/test_kernel_report.py
     checks the sm_90 compile stays under it); element_bytes 2 for a bf16 cache; rows: query rows
     per program."""
     return (element_bytes * (num_stages * 64 * QK_HEAD_DIM + rows * QK_HEAD_DIM) + 2 * rows * 64
@@ -4051,6 +4371,7 @@ def _hopper_paged_plan(params, cache, page_sizes, causal, batch):
 # aiter's API says a kernel writes it), the metadata calls get theirs by the names read. Anything this file
 # cannot call correctly turns the aiter routes off (one warning line, Triton routes).
 # =============================================================================================
+
 
 # Values this file fills, by parameter name, in the newest known order. OPTIONAL names may be
 # absent from an older aiter; every other name must be there.
@@ -4695,10 +5016,10 @@ if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API t
     })
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
                         "hopper_fp8": hopper_fp8_compile_plan, "hopper_paged": hopper_paged_compile_plan,
-                        "triton_paged": triton_paged_compile_plan}
+                        "triton_paged": triton_paged_compile_plan, "triton_sparse": triton_sparse_compile_plan}
 
 
-SERVING_ROUTES = ({"triton_paged"} | ({"hopper_paged"} if HOPPER else set())  # the serving routes that exist here
+SERVING_ROUTES = ({"triton_paged", "triton_sparse"} | ({"hopper_paged"} if HOPPER else set())  # those here
                   | (set(AITER_SERVING_ROUTES) if HAVE_AITER else set()))
 # What each route reads and how it is judged, for every route name a table may hold:
 #   kv_format: the kv_data entry it reads; q_format: how it rounds q before Q.K ("fp8": to fp8,
@@ -4770,14 +5091,17 @@ def run_candidate(candidate, data, total_kv):
 def _prepare_call(plan, shape, q, k_cache, block_table, softmax_scale):
     """How the calls of one checked signature run: the plan filled by its first call (or held to
     that call's shape), then a function of a call's (q, k_cache, block_table, cache_seqlens,
-    k_scale) that launches the plan's route and returns fresh (out, lse). A cache TMA cannot read
+    k_scale), or of the sparse form's (q, k_cache, indices, topk_length, None), that launches the
+    plan's route and returns fresh (out, lse). A cache TMA cannot read
     (its blocks apart, a property of the signature) goes to the portable route's plan."""
-    capacity = block_table.shape[1] * shape.page_size
+    capacity = 0 if block_table is None else block_table.shape[1] * shape.page_size  # the sparse form has none
     if plan.shape is None:
         _fill_plan(plan, shape, q.device, capacity)
     elif plan.shape != shape:
         raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {tuple(plan.shape)}, "
                          f"this call is {tuple(shape)}: use one plan per shape")
+    if plan.kernel is _mla_sparse_kernel:
+        return _sparse_call(plan, SM_SCALE if softmax_scale is None else softmax_scale)
     if plan.kernel is None:  # aiter's route (MI355X)
         def run_aiter(q, k_cache, block_table, cache_seqlens, k_scale):
             return aiter_serving_call(plan, q, k_cache, block_table, cache_seqlens, softmax_scale, k_scale)
@@ -4797,8 +5121,8 @@ def _fill_plan(plan, shape, device, capacity, tma_readable=True):
     kernel's tickets, zero between its calls; or each request's first partial slot and split count,
     written by the Hopper kernel for _mla_combine_kernel)."""
     if plan.num_splits is not None and (isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int)
-                                        or plan.num_splits < 1):
-        raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count >= 1")
+                                        or not 1 <= plan.num_splits <= 65535):
+        raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count from 1 to 65535")
     route = serving_route(shape, device, capacity, tma_readable, plan.num_splits)
     plan.shape, plan.route, plan.kernel, plan.spans = shape, route.row, route.kernel, route.spans
     if route.kernel is None:  # aiter's: its buffers come with its first call
@@ -4806,6 +5130,8 @@ def _fill_plan(plan, shape, device, capacity, tma_readable=True):
     plan.num_splits = route.num_splits
     rows = route_rows(route.row)
     groups = triton.cdiv(shape.s_q * shape.h_q, rows)
+    if route.row["route"] == "triton_sparse":  # each query token's head groups apart
+        groups = shape.s_q * triton.cdiv(shape.h_q, rows)
     if route.row["route"] == "hopper_paged":
         slots = groups * (plan.num_splits + shape.batch)  # work items: at most a chunk count plus one per request
         counters = 2 * shape.batch
@@ -4966,6 +5292,39 @@ def _combine_launch(plan, rows, groups, k_scale, out, lse):
 
 
 SERVING_LAUNCHES = {"triton_paged": _portable_launch, "hopper_paged": _hopper_launch}
+
+
+def _sparse_call(plan, sm_scale):
+    """The sparse form's calls on a plan: fresh out and lse, then _mla_sparse_kernel (launch()'s
+    own direct path from the second call of a shape on)."""
+    def run(q, k_cache, indices, topk_length, _):
+        if q.stride(3) != 1:
+            q = q.contiguous()
+        batch, s_q, h_q, _ = q.shape
+        out = torch.empty(batch, s_q, h_q, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
+        _sparse_launch(plan, q, k_cache, indices, topk_length, out, lse, sm_scale)
+        return out, lse
+    return run
+
+
+def _sparse_launch(plan, q, k_cache, indices, topk_length, out, lse, sm_scale):
+    """_mla_sparse_kernel for one call, on the plan's split count and workspace: grid (query tokens
+    of the batch, splits, head groups); the cache's bytes seen as fp8, float32 and bf16 (its
+    tokens' latent values, scales and rope values)."""
+    shape, params = plan.shape, plan.route["params"]
+    partial_o, partial_lse, tickets = plan.workspace
+    cache = k_cache.select(2, 0)  # (num_blocks, page, 656): the head dimension's stride plays no part
+    tensors = (q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), cache.view(torch.bfloat16), indices,
+               tickets if topk_length is None else topk_length, out, lse, partial_o, partial_lse, tickets)
+    scalars = (sm_scale * LOG2E, k_cache.shape[0] * shape.page_size, shape.page_size, shape.h_q, shape.s_q, shape.topk,
+               q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), indices.stride(0), indices.stride(1),
+               out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
+    constexprs = {"NUM_SPLITS": plan.num_splits, "BLOCK_N": params["block_n"], "ROWS": params["rows"],
+                  "HAS_TOPK_LENGTH": topk_length is not None}
+    launch(_mla_sparse_kernel, (shape.batch * shape.s_q, plan.num_splits, triton.cdiv(shape.h_q, params["rows"])),
+           tensors, scalars, constexprs, params["num_warps"], params["num_stages"])
+
 
 # =============================================================================================
 # Candidate race (the first racing call of a job): an optional layer over the router

@@ -1,38 +1,15 @@
-"""Shared test setup: runs before any test module imports the project.
+"""The product's test fixtures (the shared setup, the interpreter and the workers' threads, is the
+repository root's conftest.py).
 
-- Without a GPU, Triton kernels must run in the interpreter: TRITON_INTERPRET=1 has to be set
-  before any module that defines @triton.jit kernels is imported, so it is set here, first.
-- The repository root is on sys.path through pytest.ini (`pythonpath = .`): tests import
-  task.py, reference.py, utils.py, eval.py, submission.py, tools/ and bench/ from there.
-- interpreter_fixes.apply(): the interpreter's bf16 dot and float down-casts are made to match the
-  GPU, or kernel tests would measure the interpreter's bugs.
-- Under pytest-xdist (make test runs a worker per core): torch's threads shared among the workers,
-  and the two files of long compiles collected first (SLOW_FIRST).
+- The two files of long compiles collected first (SLOW_FIRST), so that under pytest-xdist they
+  overlap the many short tests.
 - ``golden_mxfp4_path``: aiter's golden MXFP4 vectors in tests/data (see tests/data/README.md);
   a missing file FAILS the test rather than skipping it.
 """
-import os
 from pathlib import Path
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-# Under pytest-xdist (make test) each worker gets its share of the cores for torch's threads, and
-# so do the processes it starts: on a 2-core machine two workers of 2 spinning OpenMP threads each
-# cost more CPU time than they save.
-WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if WORKERS > 1:
-    CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    THREADS = max(1, CORES // WORKERS)
-    os.environ["OMP_NUM_THREADS"] = str(THREADS)
-    torch.set_num_threads(THREADS)
-
-import interpreter_fixes  # noqa: E402  (after TRITON_INTERPRET: see its docstring)
-
-interpreter_fixes.apply()
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GOLDEN_MXFP4 = REPO_ROOT / "tests" / "data" / "mxfp4_aiter.pt"

@@ -9,7 +9,7 @@ What is compiled: every configuration the route tables can select (each row of T
 and AITER_ROUTE_TABLE and each candidate it races, when its route has a Triton compile plan; the
 aiter table's on the AMD targets only), through the module's ``triton_compile_plan(route, params,
 fp8_dtype)``, as the route launches it: on AMD with the HIP JIT's 2 GiB pointer marks (buffer
-loads). A plan entry may carry further compile ``"options"`` (tools/gfx950_sweep.py adds the AMD
+loads). A plan entry may carry further compile ``"options"`` (lab/gfx950_sweep.py adds the AMD
 knobs that way) and ``"targets"`` (the Gluon Hopper kernel: sm90 only). ``--module`` compiles the
 kernels of another file; ``--tables`` reads the route tables from another file (default: the
 module when it has them, else submission.py). Each target compiles in a process of its own with a

@@ -30,7 +30,7 @@ gpu-mode/kernelbot, as summarised in docs/runner.md ("The upload gates")):
 KernelGuard runs in this process: ``configure_runtime(profile=P)`` then ``analyze_code(code,
 compute_structural_hash=False)`` is exactly what ``kernelguard --api-mode --profile P`` does with
 the code it reads from stdin (kernelguard.py ``main``); the module's runtime configuration is
-restored afterwards. tests/test_preflight.py checks the two agree.
+restored afterwards. tests/cpu/test_preflight.py checks the two agree.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 against float64 attention and the runner's check: leaderboard shapes x split counts x kernel
 configs (two calls bit-identical), ragged KV lengths with empty splits, and the cooperative merge
 across its counters' int32 wrap. Indptrs that leave the cache, or a q row other than the batch
-row's, come back as NaN rows (tests/test_inputs.py); the repeated-call check is tests/gpu/test_stress.py.
+row's, come back as NaN rows (tests/cpu/test_inputs.py); the repeated-call check is tests/gpu/test_stress.py.
 
 Time on an H200: about 30-40 s, most of it compiling some 30 kernel variants (split count x
 warps x ring slots x merge kind) when Triton's cache is cold; the calls themselves take < 5 s.

@@ -36,11 +36,11 @@ def test_token_balanced_schedule(lens, page, target):
 @pytest.mark.parametrize("kv,s_q,h_q,page,causal", [("fp8", 1, 16, 64, False), ("bf16", 2, 16, 128, True),
                                                      ("fp8", 1, 128, 64, False), ("fp8", 2, 16, 64, True)])
 def test_span_schedule_cuts_across_requests(kv, s_q, h_q, page, causal):
-    """The span schedule (NOTES.md h42) on cases it takes: many short requests (programs whose
+    """The span schedule (lab/NOTES.md h42) on cases it takes: many short requests (programs whose
     span meets several of them), zero lengths, a long request split over many spans; with a
     negative length, one past the block table and a bad used block id, whose requests come back
     NaN while every other request stays right (request 7's bad block, in a middle split, added after
-    the session's H200 run: NOTES.md h42b)."""
+    the session's H200 run: lab/NOTES.md h42b)."""
     gen = torch.Generator().manual_seed(s_q * h_q + page)
     lens = [int(n) for n in torch.randint(0, 200, (300,), generator=gen)]
     lens[3] = lens[4] = 0
@@ -201,7 +201,7 @@ def test_wide_rows_and_16_rows_are_right_on_the_same_inputs(monkeypatch, kv, s_q
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 def test_seesaw_rows_are_right_and_agree_with_the_tokens_as_m_kernel(monkeypatch, s_q, h_q, page, lens, causal,
                                                                       target, kv):
-    """SERVING_ROUTE_TABLE's seesaw rows (query rows as M: fp8 P.V, NOTES.md h51; bf16 on 32-token
+    """SERVING_ROUTE_TABLE's seesaw rows (query rows as M: fp8 P.V, lab/NOTES.md h51; bf16 on 32-token
     tiles, h65) and the tokens-as-M kernel's row for the same cache (fp8: 64 rows, bf16: 32), each
     forced ahead of the table, are right on the same inputs and agree; a tensor k_scale (fp8); a NaN
     in one request's q stays in that request's rows."""
@@ -241,12 +241,12 @@ def test_seesaw_rows_are_right_and_agree_with_the_tokens_as_m_kernel(monkeypatch
 @pytest.mark.skipif(not submission.HOPPER, reason="the seesaw kernel is the Hopper route's (an H100/H200)")
 @pytest.mark.parametrize("profile", ["late jump", "ramp", "one tile far above", "one tile a little above"])
 def test_seesaw_running_max_moving_late_and_by_small_steps(profile):
-    """The seesaw's lazy running max (NOTES.md h52: a row's max moves only where a tile passes it by
+    """The seesaw's lazy running max (lab/NOTES.md h52: a row's max moves only where a tile passes it by
     more than SW_TAU, and the P.V skips the rescale where no row's max moved): keys scaled so that
     every row's max jumps in the last third of a long request after many tiles without a move, or
     climbs a little on every tile (P above 1 between moves), or one tile in the middle of a request
     stands far above the rest or a little, the tile next to it not (which tile of a pair it is
-    varies with the request: NOTES.md h60). For those two, q is 64x larger (scores of std 16: a
+    varies with the request: lab/NOTES.md h60). For those two, q is 64x larger (scores of std 16: a
     row's max over the lone tile about 38, 55 in log2 units) and the other tiles' keys are 1/64 or
     0.55: with 1/64 the lone tile moves every row's max of the two long requests by 29-86 log2
     units, with 0.55 by a median of 9, some rows not at all (a CPU computation of these inputs in
