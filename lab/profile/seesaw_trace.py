@@ -65,15 +65,12 @@ INSERTIONS = [
      "            out, lse, partial_o, partial_lse, tickets, TRACE_BUFFER)\n"),
     ('"PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "sm_scale_log2": "fp32",',
      '"PARTIAL_LSE": "*fp32", "SPLIT_COUNTS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32",'),
-    ("                       KV_FP8, 0)),\n", "                       KV_FP8, 0, TRACE)),\n"),
-    ("                       KV_FP8, 1)),\n", "                       KV_FP8, 1, TRACE)),\n"),
-    ("                      num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK))],\n",
-     "                      num_blocks, stride_bt, STAGES, PAGE_SIZE, BLOCK_N, LATENT, CHUNK, TRACE))],\n"),
+    ("KV_FP8, 0, SEGMENT_TILES)),\n", "KV_FP8, 0, SEGMENT_TILES, TRACE)),\n"),
+    ("KV_FP8, 1, SEGMENT_TILES)),\n", "KV_FP8, 1, SEGMENT_TILES, TRACE)),\n"),
+    ("                      SEGMENT_TILES))],\n", "                      SEGMENT_TILES, TRACE))],\n"),
     # the loader: cycles waiting for a free slot
-    ("               STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,\n"
-     "               CHUNK: gl.constexpr):\n",
-     "               STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,\n"
-     "               CHUNK: gl.constexpr, TRACE):\n"),
+    ("               BLOCK_N: gl.constexpr, SEGMENT_TILES: gl.constexpr):\n",
+     "               BLOCK_N: gl.constexpr, SEGMENT_TILES: gl.constexpr, TRACE):\n"),
     ("    consumed = 0\n    for _segment in range(segments):\n",
      "    consumed = 0\n    l_start = {C}\n    l_free = l_start * 0\n    for _segment in range(segments):\n"),
     ("            mbarrier.wait(free.index(slot), ((g // STAGES) - 1) & 1, pred=g >= STAGES)\n",
@@ -85,8 +82,8 @@ INSERTIONS = [
      "    gl.store(" + RECORD.format(WG=0) + " + 14, l_free)\n"
      "    gl.store(" + RECORD.format(WG=0) + " + 15, {C} - l_start)\n\n\n@gluon.jit\ndef _sw_stage_q("),
     # the compute warpgroups
-    ("                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr):\n",
-     "                BLOCK_N: gl.constexpr, KV_FP8: gl.constexpr, WG: gl.constexpr, TRACE):\n"),
+    ("                WG: gl.constexpr, SEGMENT_TILES: gl.constexpr):\n",
+     "                WG: gl.constexpr, SEGMENT_TILES: gl.constexpr, TRACE):\n"),
     ("    consumed = 0\n    pairs = 0\n    for segment in range(segments):\n",
      "    consumed = 0\n    pairs = 0\n    t_start = {S}\n    c_start = {C}\n"
      "    c_q = c_start * 0\n    c_wait = c_q\n    c_s = c_q\n    c_max = c_q\n    c_p = c_q\n    c_loop = c_q\n"
@@ -112,8 +109,8 @@ INSERTIONS = [
     ("        for j in range(num_pairs):\n", "        c6 = {C}\n        for j in range(num_pairs):\n"),
     ("        pairs += num_pairs\n        consumed += num_tiles\n",
      "        c7 = {C}\n        c_loop += c7 - c6\n        pairs += num_pairs\n        consumed += num_tiles\n"),
-    ("                      stride_lse_token, WG, KV_FP8)\n        request += 1\n        tile_begin = tile_end\n",
-     "                      stride_lse_token, WG, KV_FP8)\n        request += 1\n        tile_begin = tile_end\n"
+    ("                      KV_FP8)\n        request += 1\n        tile_begin = tile_end\n",
+     "                      KV_FP8)\n        request += 1\n        tile_begin = tile_end\n"
      "        c_epi += {C} - c7\n"
      "    c_end = {C}\n    record = " + RECORD.format(WG="WG") + "\n"
      "    gl.store(record, t_start)\n    gl.store(record + 1, {S})\n"

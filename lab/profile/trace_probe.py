@@ -36,16 +36,13 @@ CLOCK = 'gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.i
 INSERTIONS = [
     ("PARTIAL_LSE, SPLIT_TICKETS,\n    sm_scale_log2, kv_rows, stride_q_token, stride_o_token,",
      "PARTIAL_LSE, SPLIT_TICKETS,\n    TRACE, sm_scale_log2, kv_rows, stride_q_token, stride_o_token,"),
-    ("                   NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N)\n",
-     "                   NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, TRACE=TRACE)\n"),
-    ("        split = pid1\n",
-     "        split = pid1\n        t_start = {S}\n        c_start = {C}\n"
-     "        trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"),
+    ("    split = gl.program_id(1)\n    kv_scale = gl.load(KV_SCALE)\n    q = _load_q(Q, batch,",
+     "    split = gl.program_id(1)\n    t_start = {S}\n    c_start = {C}\n"
+     "    trace = TRACE + (batch * gl.num_programs(1) + split) * 16\n"
+     "    kv_scale = gl.load(KV_SCALE)\n    q = _load_q(Q, batch,"),
     # _split_tiles (the tile loop, both entry points) records its phases where given a trace slot
-    ("    PV_F16: gl.constexpr = False, exchange=None, factors=None, GATHER: gl.constexpr = False, KV=None,\n"
-     "    stride_kv_row=0,\n):",
-     "    PV_F16: gl.constexpr = False, exchange=None, factors=None, GATHER: gl.constexpr = False, KV=None,\n"
-     "    stride_kv_row=0, trace=None,\n):"),
+    ("    PV_F16: gl.constexpr = False, GATHER: gl.constexpr = False,\n):",
+     "    PV_F16: gl.constexpr = False, GATHER: gl.constexpr = False, trace=None,\n):"),
     ("            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n",
      "            score_scale = sm_scale_log2 * kv_scale\n    else:\n        gl.thread_barrier()\n"
      "    t_prologue = {S}\n"
@@ -63,26 +60,24 @@ INSERTIONS = [
     ("                                              correction2, WARPS, O_MMA, CHUNK)\n",
      "                                              correction2, WARPS, O_MMA, CHUNK)\n"
      "            pv_cycles += {C} - c3\n"),
-    ("    return acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks\n",
+    ("    return (acc0, acc1, acc2, acc3), running_max, row_sums, bad_blocks\n",
      "    if trace is not None:\n"
      "        gl.store(trace + 1, t_prologue)\n"
      "        gl.store(trace + 5, wait_cycles)\n        gl.store(trace + 6, s_cycles)\n"
      "        gl.store(trace + 7, softmax_cycles)\n        gl.store(trace + 8, pv_cycles)\n"
-     "    return acc0, acc1, acc2, acc3, running_max, row_sums, bad_blocks\n"),
-    ("PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA)\n"
-     "        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n",
-     "PAGE_SIZE, CAUSAL, NUM_HEADS, LATENT, ROPE, CHUNK, BLOCK_N, KV_FP8, S_MMA, O_MMA, trace=trace)\n"
-     "        for ring_slot in gl.static_range(STAGES):\n            mbarrier.invalidate(loaded.index(ring_slot))\n"
-     "        t_loop = {S}\n"),
-    ("\n                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n",
-     "\n                     PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n"
-     "        t_stores = {S}\n"),
-    ("NUM_SPLITS,\n                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n",
-     "NUM_SPLITS,\n                       COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n"
-     "        t_end = {S}\n        c_end = {C}\n"
-     "        gl.store(trace, t_start)\n"
-     "        gl.store(trace + 2, t_loop)\n        gl.store(trace + 3, t_stores)\n        gl.store(trace + 4, t_end)\n"
-     "        gl.store(trace + 9, c_end - c_start)\n        gl.store(trace + 10, num_tiles.to(gl.int64))\n"),
+     "    return (acc0, acc1, acc2, acc3), running_max, row_sums, bad_blocks\n"),
+    ("BLOCK_N=BLOCK_N, KV_FP8=True, LAYOUTS=LAYOUTS)\n    _release_ring(ring, STAGES)\n",
+     "BLOCK_N=BLOCK_N, KV_FP8=True, LAYOUTS=LAYOUTS,\n        trace=trace)\n"
+     "    _release_ring(ring, STAGES)\n    t_loop = {S}\n"),
+    ("\n                 PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n",
+     "\n                 PARTIAL_LSE, slot_id, WARPS, NUM_SPLITS, NUM_HEADS, LATENT, CHUNK)\n"
+     "    t_stores = {S}\n"),
+    ("NUM_SPLITS,\n                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n",
+     "NUM_SPLITS,\n                   COOPERATIVE_MERGE, NUM_HEADS, LATENT)\n"
+     "    t_end = {S}\n    c_end = {C}\n"
+     "    gl.store(trace, t_start)\n"
+     "    gl.store(trace + 2, t_loop)\n    gl.store(trace + 3, t_stores)\n    gl.store(trace + 4, t_end)\n"
+     "    gl.store(trace + 9, c_end - c_start)\n    gl.store(trace + 10, num_tiles.to(gl.int64))\n"),
     ('"SPLIT_TICKETS": "*i32", "sm_scale_log2": "fp32", "kv_rows": "i32",',
      '"SPLIT_TICKETS": "*i32", "TRACE": "*i64", "sm_scale_log2": "fp32", "kv_rows": "i32",'),
     ("(q, latent_desc, rope_desc, kv_scale, qo_indptr, kv_indptr, out, partial_o, partial_lse, tickets),",
