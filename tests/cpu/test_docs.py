@@ -81,9 +81,9 @@ def test_the_file_table_names_only_what_exists():
 
 
 def test_required_entries_rule():
-    files = ["Makefile", "bench/a.py", "lab/results/h200/x.txt", "lab/profile/p/q.py", "tools/t.py",
+    files = ["Makefile", "bench/a.py", "bench/results/h200/x.txt", "lab/profile/p/q.py", "tools/t.py",
              "docs/d.md", "tests/cpu/test_x.py", "tests/gpu/y.py", ".ci/run", "specs/cpu.txt"]
-    assert required_entries(files) == {"Makefile", "bench/a.py", "lab/results/h200/", "lab/profile/",
+    assert required_entries(files) == {"Makefile", "bench/a.py", "bench/results/", "lab/",
                                        "tools/t.py", "docs/d.md", "tests/", ".ci/", "specs/"}
     assert is_named("requirements-dev.txt", {"requirements*.txt"})
     assert not is_named("tools/new.py", {"tools/"})  # tools/ and docs/: each file by name
