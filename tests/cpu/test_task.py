@@ -10,8 +10,9 @@ import task
 import utils
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
-# the leaderboard-format spec files (serving*.txt hold serving cases: tests/cpu/test_eval_serving.py)
-SPEC_FILES = sorted(p for p in SPECS.glob("*.txt") if not p.name.startswith("serving"))
+# the leaderboard-format spec files (serving*.txt and sparse*.txt hold the serving API's cases:
+# tests/cpu/test_eval_serving.py, tests/cpu/test_eval_sparse.py)
+SPEC_FILES = sorted(p for p in SPECS.glob("*.txt") if not p.name.startswith(("serving", "sparse")))
 
 
 @pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: p.name)
