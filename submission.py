@@ -238,7 +238,8 @@ def mla_decode_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table:
         return _prepare_call(plan, shape, q, k_cache, None, softmax_scale)(q, k_cache, indices, topk_length, None)
     # check: a call whose signature (shapes, strides, dtypes, devices, arguments) the plan has seen
     # was checked then, and pays attribute reads only
-    dense_only = topk_length is None and unserved == (None, None, None, None)
+    dense_only = (topk_length is None and attn_sink is None and extra_k_cache is None
+                  and extra_indices_in_kvcache is None and extra_topk_length is None)
     signature = _serving_signature(q, k_cache, block_table, cache_seqlens, head_dim_v, num_splits, softmax_scale,
                                    causal, k_scale, (is_fp8_kvcache, dense_only))
     try:
