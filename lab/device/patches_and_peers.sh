@@ -2,11 +2,13 @@
 # One device call: the prepared patches and every peer against HEAD, in one process per grid
 # (bench/serving_peers.py), within one call's limit.
 #   1. the peers built in the background, side by side (FlashMLA and vLLM's fp8 fork from .peers, FA3
-#      from .fa3 where carried), FlashInfer unpacked from .fi;
+#      from .fa3 and FlashMLA's sparse decode from .peers where their kits are carried: bench/fa3_kit.sh,
+#      bench/flashmla_sparse_kit.sh), FlashInfer unpacked from .fi;
 #   2. meanwhile HEAD and each patched submission.py (.device/variants, lab/device/make_variants.sh)
 #      run once on every case in a process of their own, side by side, each checked against float64
 #      attention: this compiles every kernel the timing needs, in parallel;
-#   3. then every provider timed, grid C first, then A and B, until the budget's end.
+#   3. then every provider timed, grid C first, then A and B, until the budget's end; with
+#      SPARSE_SECONDS=N, the last N seconds time the sparse form against FlashMLA's (bench/sparse_peers.py).
 #
 #   bash lab/device/patches_and_peers.sh [SECONDS]      (the whole call's budget, default 560)
 set -uo pipefail
@@ -26,7 +28,9 @@ build() { local name=$1; shift; ( timeout $(( BUDGET - TIMING - 10 )) "$@" > "/t
 if [ -z "${NO_PEERS:-}" ]; then  # NO_PEERS=1: the versions alone (no builds, no FlashInfer)
   MAX_JOBS=5 build flashmla bash .peers/flashmla_build.sh /tmp/flashmla &
   MAX_JOBS=5 build vllm_fp8 bash .peers/vllm_fp8_build.sh /tmp/vllm_fp8 &
-  [ -e .fa3/fa3_build.sh ] && MAX_JOBS=6 build fa3 bash .fa3/fa3_build.sh /tmp/fa3 &
+  [ -e .fa3/fa3_kit.tar.xz ] && MAX_JOBS=6 build fa3 bash bench/fa3_build.sh /tmp/fa3 &
+  [ -e .peers/flashmla_sparse_kit.tar.xz ] && [ "${SPARSE_SECONDS:-0}" -gt 0 ] &&
+    MAX_JOBS=4 build flashmla_sparse bash bench/flashmla_sparse_build.sh /tmp/flashmla_sparse &
 fi
 touch /tmp/builds.log
 if [ -z "${NO_PEERS:-}" ] && [ -e .fi/flashinfer_kit.tar.xz ]; then
@@ -61,6 +65,13 @@ PEERS=""
 echo "timing from $(( $(date +%s) - START )) s with$PEERS"
 [ -n "${NO_PEERS:-}" ] && PEERS="--no-flashinfer"
 python3 bench/serving_peers.py --grids "$GRIDS" --skip-32k --repeats 5 --host-repeats 3 $PEERS $VARIANTS \
-    --max-seconds $(( $(left) - 45 )) --json "$OUT/peers.json" > "$OUT/peers.txt" 2>&1
-echo "done at $(( $(date +%s) - START )) s"
+    --max-seconds $(( $(left) - 45 - ${SPARSE_SECONDS:-0} )) --json "$OUT/peers.json" > "$OUT/peers.txt" 2>&1
 grep "^grid\|NOTE" "$OUT/peers.txt"
+if [ "${SPARSE_SECONDS:-0}" -gt 0 ]; then
+  SPARSE_PEER=""
+  [ -d /tmp/flashmla_sparse/build ] && SPARSE_PEER="--flashmla-sparse /tmp/flashmla_sparse/build"
+  timeout $(( $(left) - 15 )) python3 bench/sparse_peers.py $SPARSE_PEER --repeats 5 --host-repeats 3 \
+      --json "$OUT/sparse.json" > "$OUT/sparse.txt" 2>&1
+  grep "^h\|NOTE\|FAILED" "$OUT/sparse.txt"
+fi
+echo "done at $(( $(date +%s) - START )) s"
