@@ -8,7 +8,8 @@
 #      run once on every case in a process of their own, side by side, each checked against float64
 #      attention: this compiles every kernel the timing needs, in parallel;
 #   3. then every provider timed, grid C first, then A and B, until the budget's end; with
-#      SPARSE_SECONDS=N, the last N seconds time the sparse form against FlashMLA's (bench/sparse_peers.py).
+#      SPARSE_SECONDS=N, the last N seconds time the sparse form against FlashMLA's (bench/sparse_peers.py),
+#      with SPARSE_VARIANTS="FILE ..." (patched submission.py files, e.g. make_variants.sh's) beside ours.
 #
 #   bash lab/device/patches_and_peers.sh [SECONDS]      (the whole call's budget, default 560)
 set -uo pipefail
@@ -70,6 +71,7 @@ grep "^grid\|NOTE" "$OUT/peers.txt"
 if [ "${SPARSE_SECONDS:-0}" -gt 0 ]; then
   SPARSE_PEER=""
   [ -d /tmp/flashmla_sparse/build ] && SPARSE_PEER="--flashmla-sparse /tmp/flashmla_sparse/build"
+  for v in ${SPARSE_VARIANTS:-}; do SPARSE_PEER="$SPARSE_PEER --variant $(basename "$v" .py)=$v"; done
   timeout $(( $(left) - 15 )) python3 bench/sparse_peers.py $SPARSE_PEER --repeats 5 --host-repeats 3 \
       --json "$OUT/sparse.json" > "$OUT/sparse.txt" 2>&1
   grep "^h\|NOTE\|FAILED" "$OUT/sparse.txt"
