@@ -9,7 +9,9 @@
 #      attention: this compiles every kernel the timing needs, in parallel;
 #   3. then every provider timed, grid C first, then A and B, until the budget's end; with
 #      SPARSE_SECONDS=N, the last N seconds time the sparse form against FlashMLA's (bench/sparse_peers.py),
-#      with SPARSE_VARIANTS="FILE ..." (patched submission.py files, e.g. make_variants.sh's) beside ours.
+#      with SPARSE_VARIANTS="FILE ..." (patched submission.py files, e.g. make_variants.sh's) beside ours;
+#      with AB_BASE=FILE and AB_SECONDS=N, first N seconds of custom_kernel's A/B on the leaderboard's
+#      shapes (tools/ab_probe.py --whole, the runner's flush: AB_BASE, HEAD, AB_BASE interleaved).
 #
 #   bash lab/device/patches_and_peers.sh [SECONDS]      (the whole call's budget, default 560)
 set -uo pipefail
@@ -59,6 +61,11 @@ tail -n 5 /tmp/build_*.log > "$OUT/builds.log" 2>&1; cat /tmp/builds.log >> "$OU
 grep -h "rel " /tmp/warm_*.log | awk '{for (i = 1; i <= NF; i++) if ($i == "rel") print $(i + 1)}' | sort -g | tail -3
 
 # 3. the timing
+if [ -n "${AB_BASE:-}" ] && [ "${AB_SECONDS:-0}" -gt 0 ]; then
+  timeout "$AB_SECONDS" python3 tools/ab_probe.py "$AB_BASE" submission.py "$AB_BASE" --whole --l2-flush runner \
+      --repeats 30 > "$OUT/ab_whole.txt" 2>&1
+  echo "A/B rc=$? at $(( $(date +%s) - START )) s"; tail -n 15 "$OUT/ab_whole.txt"
+fi
 PEERS=""
 [ -e /tmp/flashmla/build ] && PEERS="$PEERS --flashmla /tmp/flashmla/build"
 [ -e /tmp/vllm_fp8/build ] && cp .peers/peer_vllm_fp8.py /tmp/vllm_fp8/ && PEERS="$PEERS --vllm-fp8 /tmp/vllm_fp8"
