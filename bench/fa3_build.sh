@@ -31,20 +31,18 @@ t0=$SECONDS
 rm -rf "$DEST" && mkdir -p "$DEST"
 tar -xJf "$KIT" -C "$DEST"
 head -1 "$DEST/fa3/KIT.txt"
-"${PY:-python3}" - "$DEST/fa3" "$DEST/obj" "$DEST/build" <<'PY'
-import glob
+PYTHONPATH="$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}" "${PY:-python3}" - "$DEST/fa3" "$DEST/obj" "$DEST/build" <<'PY'
 import os
 import shutil
 import sys
 import time
 
 import torch
-import torch.utils.cpp_extension as cpp_extension
 from torch.utils.cpp_extension import load
 
-# a CPU-only torch finds no CUDA_HOME: taking it from the environment lets the compile steps be tried there
-cpp_extension.CUDA_HOME = cpp_extension.CUDA_HOME or os.environ.get("CUDA_HOME")
+import kit_build  # bench/, beside this script
 
+CUDA_HOME = kit_build.use_cuda_home()
 kit, obj, build = sys.argv[1:4]
 hopper = os.path.join(kit, "flash-attention", "hopper")
 full = os.environ["FA3_FULL"] == "1"
@@ -56,23 +54,7 @@ DISABLED = ["BACKWARD", "FP16", "FP8", "HDIM96", "HDIM128", "HDIM192", "HDIM256"
 features = [f"-DFLASHATTENTION_DISABLE_{'SM8x' if name == 'SM80' else name}" for name in DISABLED]
 cxx = ["-O3", "-std=c++17", "-DPy_LIMITED_API=0x03090000",
        "-DTORCH_TARGET_VERSION=0x0209000000000000"] + features  # setup.py's, with flash_api_stable.cpp
-# The host compiler needs more include folders where the toolkit is a minimal one (as the peers kits' builds):
-# - CUDA 13 keeps libcu++ (cuda/std/...) in include/cccl, which nvcc adds by itself; setup.py adds it to
-#   CPLUS_INCLUDE_PATH for CUDA >= 13; cutlass's headers, compiled by the host compiler, include <cuda/std/...>;
-# - torch's CUDA headers include cuSPARSE/cuBLAS/cuSOLVER headers, which a toolkit assembled from pip wheels
-#   lacks: then they come from the nvidia-* wheels beside torch (nvidia/cu13/include).
-cuda_include = os.path.join(cpp_extension.CUDA_HOME or "", "include")
-host_includes = [d for d in [os.path.join(cuda_include, "cccl")] if os.path.isdir(d)]
-sites = [os.path.dirname(os.path.dirname(torch.__file__))] + [p for p in sys.path if p.endswith("-packages")]
-wheel_includes = [d for site in dict.fromkeys(sites)
-                  for d in sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))]
-for header in ("cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h", "cusolver_common.h"):
-    if not any(os.path.exists(os.path.join(d, header)) for d in [cuda_include] + host_includes):
-        found = [d for d in wheel_includes if os.path.exists(os.path.join(d, header))]
-        print(f"{header}: not in {cuda_include}; "
-              + (f"using {found[0]}" if found else "NOT FOUND: the binding may not compile"), flush=True)
-        host_includes += found[:1]
-cxx += [flag for d in host_includes for flag in ("-isystem", d)]
+cxx += kit_build.host_include_flags()  # the toolkit's cccl, and cuSPARSE & co. from wheels where it lacks them
 nvcc = ["-O3", "-std=c++17", "--ftemplate-backtrace-limit=0", "--use_fast_math", "--resource-usage", "-lineinfo",
         "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED", "-DCUTLASS_ENABLE_GDC_FOR_SM90", "-DCUTLASS_DEBUG_TRACE_LEVEL=0",
         "-DNDEBUG",  # setup.py's nvcc_flags
@@ -85,7 +67,7 @@ sources += [os.path.join(hopper, "instantiations", f"flash_fwd_hdim{d}_bf16{vari
 if not full:
     sources.append(os.path.join(kit, "fa3_kit_stubs.cu"))
 includes = [hopper, os.path.join(kit, "cutlass", "include")]
-print(f"torch {torch.__version__}, CUDA_HOME {cpp_extension.CUDA_HOME}, MAX_JOBS {os.environ['MAX_JOBS']}, "
+print(f"torch {torch.__version__}, CUDA_HOME {CUDA_HOME}, MAX_JOBS {os.environ['MAX_JOBS']}, "
       f"{len(sources)} sources: {[os.path.basename(s) for s in sources]}", flush=True)
 t = time.time()
 # the module name setup.py gives it (flash_attn_3._C: PyInit__C); a plain library here (torch.ops.load_library

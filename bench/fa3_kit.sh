@@ -33,17 +33,7 @@ git -C "$FA_GIT" cat-file -e "$FA_COMMIT^{commit}" || { echo "$FA_GIT lacks $FA_
 CUTLASS_COMMIT=$(git -C "$FA_GIT" rev-parse "$FA_COMMIT:csrc/cutlass")  # the submodule's pinned commit
 git -C "$CUTLASS_GIT" cat-file -e "$CUTLASS_COMMIT^{commit}" || { echo "$CUTLASS_GIT lacks $CUTLASS_COMMIT" >&2; exit 1; }
 
-# git archive of a path list; a snapshot may lack large files elsewhere in the tree (git then complains about them
-# on stderr), so the result is checked against the tree's own listing
-extract() {  # GIT_DIR COMMIT OUT PATH...
-    local git=$1 commit=$2 out=$3; shift 3
-    mkdir -p "$out"
-    git -C "$git" archive "$commit" -- "$@" 2> "$WORK/archive.err" | tar -x -C "$out"
-    local want got
-    want=$(git -C "$git" ls-tree -r --name-only "$commit" -- "$@" | sort)
-    got=$(cd "$out" && find . -type f | sed 's|^\./||' | sort)
-    [ "$want" = "$got" ] || { echo "extract from $git incomplete" >&2; cat "$WORK/archive.err" >&2; exit 1; }
-}
+source "$(dirname "$0")/kit_extract.sh"  # extract GIT_DIR COMMIT OUT PATH...
 
 HOPPER=(hopper/setup.py hopper/flash_api_stable.cpp hopper/flash_fwd_combine.cu hopper/flash_prepare_scheduler.cu
         hopper/flash_attn_interface.py hopper/flash_attn_3/__init__.py hopper/flash_attn_3/flash_attn_interface.py

@@ -21,41 +21,22 @@ t0=$SECONDS
 rm -rf "$DEST" && mkdir -p "$DEST"
 tar -xJf "$KIT" -C "$DEST"
 head -1 "$DEST/flashmla_sparse/KIT.txt"
-"${PY:-python3}" - "$DEST/flashmla_sparse" "$DEST/build" <<'PY'
-import glob
+PYTHONPATH="$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}" "${PY:-python3}" - "$DEST/flashmla_sparse" "$DEST/build" <<'PY'
 import os
 import shutil
 import sys
 import time
 
 import torch
-import torch.utils.cpp_extension as cpp_extension
 from torch.utils.cpp_extension import load
 
-# a CPU-only torch finds no CUDA_HOME: taking it from the environment lets the compile steps be tried there
-cpp_extension.CUDA_HOME = cpp_extension.CUDA_HOME or os.environ.get("CUDA_HOME")
+import kit_build  # bench/, beside this script
 
+CUDA_HOME = kit_build.use_cuda_home()
 src, build = sys.argv[1:3]
 csrc = os.path.join(src, "csrc")
 os.makedirs(build, exist_ok=True)
-cxx = ["-O3", "-std=c++20", "-DNDEBUG", "-Wno-deprecated-declarations"]
-# The binding (host compiler) alone needs two more include folders where the toolkit is a minimal one:
-# - CUDA 13 keeps libcu++ (cuda/std/...) in include/cccl, which nvcc adds by itself; cutlass's headers, compiled
-#   by the host compiler, include <cuda/std/...>;
-# - torch's CUDA headers (ATen/cuda/CUDAContext.h) include cuSPARSE/cuBLAS/cuSOLVER headers, which a toolkit
-#   assembled from pip wheels lacks: then they come from the nvidia-* wheels beside torch (nvidia/*/include).
-cuda_include = os.path.join(cpp_extension.CUDA_HOME or "", "include")
-host_includes = [d for d in [os.path.join(cuda_include, "cccl")] if os.path.isdir(d)]
-sites = [os.path.dirname(os.path.dirname(torch.__file__))] + [p for p in sys.path if p.endswith("-packages")]
-wheel_includes = [d for site in dict.fromkeys(sites)
-                  for d in sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))]
-for header in ("cusparse.h", "cublas_v2.h", "cublasLt.h", "cusolverDn.h", "cusolver_common.h"):
-    if not any(os.path.exists(os.path.join(d, header)) for d in [cuda_include] + host_includes):
-        found = [d for d in wheel_includes if os.path.exists(os.path.join(d, header))]
-        print(f"{header}: not in {cuda_include}; "
-              + (f"using {found[0]}" if found else "NOT FOUND: the binding will not compile"), flush=True)
-        host_includes += found[:1]
-cxx += [flag for d in host_includes for flag in ("-isystem", d)]
+cxx = ["-O3", "-std=c++20", "-DNDEBUG", "-Wno-deprecated-declarations"] + kit_build.host_include_flags()
 nvcc = ["-O3", "-std=c++20", "-DNDEBUG", "-D_USE_MATH_DEFINES", "-Wno-deprecated-declarations",
         "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
         "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr", "--expt-extended-lambda",
@@ -76,7 +57,7 @@ sources = [os.path.join(csrc, f) for f in (
     "sm90/decode/sparse_fp8/instantiations/model1_persistent_h128.cu")]
 includes = [csrc, os.path.join(csrc, "kerutils", "include"), os.path.join(csrc, "sm90"),
             os.path.join(csrc, "cutlass", "include")]
-print(f"torch {torch.__version__}, CUDA_HOME {cpp_extension.CUDA_HOME}, MAX_JOBS {os.environ['MAX_JOBS']}", flush=True)
+print(f"torch {torch.__version__}, CUDA_HOME {CUDA_HOME}, MAX_JOBS {os.environ['MAX_JOBS']}", flush=True)
 t = time.time()
 ext = load(name="flash_mla_sparse_ext", sources=sources, extra_cflags=cxx, extra_cuda_cflags=nvcc,
            extra_include_paths=includes, build_directory=build, verbose=True)

@@ -34,16 +34,7 @@ git -C "$FLASHMLA_GIT" cat-file -e "$FLASHMLA_COMMIT^{commit}" || { echo "$FLASH
 CUTLASS_COMMIT=$(git -C "$FLASHMLA_GIT" rev-parse "$FLASHMLA_COMMIT:csrc/cutlass")  # the submodule's pinned commit
 git -C "$CUTLASS_GIT" cat-file -e "$CUTLASS_COMMIT^{commit}" || { echo "$CUTLASS_GIT lacks $CUTLASS_COMMIT" >&2; exit 1; }
 
-# git archive of a path list, checked against the tree's own listing (a snapshot may lack files)
-extract() {  # GIT_DIR COMMIT OUT PATH...
-    local git=$1 commit=$2 out=$3; shift 3
-    mkdir -p "$out"
-    git -C "$git" archive "$commit" -- "$@" 2> "$WORK/archive.err" | tar -x -C "$out"
-    local want got
-    want=$(git -C "$git" ls-tree -r --name-only "$commit" -- "$@" | sort)
-    got=$(cd "$out" && find . -type f | sed 's|^\./||' | sort)
-    [ "$want" = "$got" ] || { echo "extract from $git incomplete" >&2; cat "$WORK/archive.err" >&2; exit 1; }
-}
+source "$(dirname "$0")/kit_extract.sh"  # extract GIT_DIR COMMIT OUT PATH...
 
 KIT="$WORK/flashmla_sparse"
 extract "$FLASHMLA_GIT" "$FLASHMLA_COMMIT" "$KIT" LICENSE flash_mla \
