@@ -26,11 +26,13 @@ the providers "base bf16" / "base fp8": an A/B of two versions in one process; -
 Per case and provider: event time (CUDA events around one call after an L2 flush; median and
 mean of --repeats: host time inside the call counts where the GPU waits for it), profiler kernel
 time (the GPU's own time per call, its kernels' durations summed, each call after an L2 flush:
-no host time, no launch gaps; median of --repeats), host time of one eager call (perf_counter;
+no host time, no launch gaps; median of --repeats), CUDA-graph replay time (the call captured once
+in a graph, as engines run decode, each replay timed by events after an L2 flush: graph_times), host
+time of one eager call (perf_counter;
 median; with the GPU idle before, and on a warm host with a spin kernel queued before: see
 host_time), and the error against float64 attention over the bf16 values (rel. L2 of out over
 every attended row; ours also lse's max abs error). Ratios: FlashMLA time / provider time (> 1: faster than FlashMLA),
-per grid for both times.
+per grid for the event, kernel and graph times.
 """
 import argparse
 import importlib
@@ -185,6 +187,26 @@ def kernel_times(fn, repeats, flush):
     """(median, mean) in us of `repeats` calls, each timed by utils.time_call (events around one
     call after the flush)."""
     times = [utils.time_call(fn, "cuda", flush)[1] / 1e3 for _ in range(repeats)]
+    return statistics.median(times), statistics.mean(times)
+
+
+def graph_times(fn, repeats, flush, warmup=2):
+    """(median, mean) in us of replays of fn() captured once in a CUDA graph, as an engine runs
+    decode: `warmup` eager calls, the capture, then `repeats` replays, each timed by
+    utils.time_call (events around one replay after the flush), which the GPU runs without the
+    host's launch time or the gaps between the call's kernels that waiting on the host leaves.
+    A provider that cannot be captured raises; the caller says so. The graph and its memory pool
+    are released before returning."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+        times = [utils.time_call(graph.replay, "cuda", flush)[1] / 1e3 for _ in range(repeats)]
+    finally:
+        del graph
     return statistics.median(times), statistics.mean(times)
 
 
@@ -394,19 +416,26 @@ def main():
                     parts = {}
                 host = host_time(fn, args.host_repeats)
                 host_busy = host_time(fn, args.host_repeats, busy=True)
+                try:
+                    graph, graph_mean = graph_times(fn, args.repeats, flush)
+                except Exception as exc:  # a provider that cannot be captured: no graph time
+                    print(f"{label}: {name} graph: {exc!r}", flush=True)
+                    graph = graph_mean = float("nan")
             except Exception as exc:  # a peer that cannot take the case: say so, go on
                 print(f"{label}: {name} failed: {exc!r}", flush=True)
                 continue
             row = {"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "long": long, "causal": causal,
                    "provider": name, "median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean,
-                   "host_us": host, "host_busy_us": host_busy, "kernels_us": parts,
+                   "host_us": host, "host_busy_us": host_busy, "graph_us": graph, "graph_mean_us": graph_mean,
+                   "kernels_us": parts,
                    "rel_l2": rel,
                    "lse_err": lse_err, "tokens": tokens,
                    "tflops": 2 * tokens * s_q * h_q * (576 + 512) / median / 1e6,
                    "bf16_tb_s": tokens * 1152 / median / 1e6}
             rows.append(row)
             print(f"{label} {name:14s} {median:9.1f} us (mean {mean:9.1f}) "
-                  f"gpu {gpu:9.1f}  host {host:6.1f} / busy {host_busy:5.1f} us  {row['tflops']:6.1f} TFLOPS  "
+                  f"gpu {gpu:9.1f}  graph {graph:9.1f}  host {host:6.1f} / busy {host_busy:5.1f} us  "
+                  f"{row['tflops']:6.1f} TFLOPS  "
                   f"{row['bf16_tb_s']:5.2f} TB/s(bf16)  "
                   f"rel {rel:.2e}" + (f"  lse {lse_err:.1e}" if lse_err is not None else "")
                   + "  [" + " + ".join(f"{k} {v:.1f}" for k, v in parts.items()) + "]", flush=True)
@@ -432,10 +461,12 @@ def print_summary(rows):
         peer = by.get((grid, "FlashMLA bf16"))
         ratio = ""
         if peer and len(peer) == len(group):
-            ratio = "  FlashMLA / this: %.2fx (gpu %.2fx)" % tuple(
-                geomean(p[key] / r[key] for p, r in zip(peer, group, strict=True)) for key in ("median_us", "gpu_us"))
+            ratio = "  FlashMLA / this: %.2fx (gpu %.2fx, graph %.2fx)" % tuple(
+                geomean(p[key] / r[key] for p, r in zip(peer, group, strict=True))
+                for key in ("median_us", "gpu_us", "graph_us"))
         print(f"grid {grid} {name:14s} event geomean {geomean(r['median_us'] for r in group):9.1f} us  "
-              f"gpu {geomean(r['gpu_us'] for r in group):9.1f} us  host {geomean(r['host_us'] for r in group):6.1f} "
+              f"gpu {geomean(r['gpu_us'] for r in group):9.1f} us  graph {geomean(r['graph_us'] for r in group):9.1f} "
+              f"us  host {geomean(r['host_us'] for r in group):6.1f} "
               f"us (busy GPU {geomean(r['host_busy_us'] for r in group):5.1f} us){ratio}")
 
 

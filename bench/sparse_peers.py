@@ -15,8 +15,8 @@ Providers: ours (submission.mla_decode_with_kvcache's sparse form); FlashMLA 924
 calls a sparse case (eval.sparse_call: FlashMLA's form, plan once per case and provider).
 Per case and provider: the strict check (reference.judge_sparse: out within 1.25x the format's own
 error of float64 attention over the bf16 values, lse likewise, poison and empty rows) before any
-timing; event time (median and mean), profiler kernel time after an L2 flush, host time of one
-eager call (bench/serving_peers.py's timings); TFLOPS as FlashMLA's benchmark counts them
+timing; event time (median and mean), profiler kernel time after an L2 flush, CUDA-graph replay
+time, host time of one eager call (bench/serving_peers.py's timings); TFLOPS as FlashMLA's benchmark counts them
 (2 x b x s_q x h_q x topk x (576 + 512) / time) and the selected tokens' bytes per second.
 Summary: geomean per h_q of FlashMLA's kernel time / the provider's.
 """
@@ -129,18 +129,25 @@ def main():
                     gpu = gpu_mean = float("nan")
                     parts = {}
                 host = serving_peers.host_time(fn, args.host_repeats)
+                try:
+                    graph, _ = serving_peers.graph_times(fn, args.repeats, flush)
+                except Exception as exc:  # a provider that cannot be captured: no graph time
+                    print(f"{label(spec)}: {name} graph: {exc!r}", flush=True)
+                    graph = float("nan")
             except Exception as exc:  # a provider that cannot take the case: say so, go on
                 print(f"{label(spec)}: {name} failed: {exc!r}", flush=True)
                 continue
             row = {**{k: spec[k] for k in ("batchsize", "qseqlen", "heads", "topk", "seed")}, "provider": name,
-                   "median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean, "host_us": host,
+                   "median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean, "graph_us": graph,
+                   "host_us": host,
                    "kernels_us": parts, "tflops": flops(inputs) / gpu / 1e6,
                    "tb_s": inputs.cache_bytes / gpu / 1e6,
                    "ok": None if verdict is None else verdict["ok"],
                    "check": None if verdict is None else reference.sparse_message(verdict)}
             rows.append(row)
-            print(f"{label(spec)} {name:16s} gpu {gpu:8.1f} us  event {median:8.1f} (mean {mean:8.1f})  "
-                  f"host {host:5.1f} us  {row['tflops']:6.1f} TFLOPS  {row['tb_s']:5.2f} TB/s  "
+            print(f"{label(spec)} {name:16s} gpu {gpu:8.1f} us  graph {graph:8.1f}  "
+                  f"event {median:8.1f} (mean {mean:8.1f})  host {host:5.1f} us  "
+                  f"{row['tflops']:6.1f} TFLOPS  {row['tb_s']:5.2f} TB/s  "
                   + ("" if verdict is None else ("ok " if verdict["ok"] else "FAILED ") + row["check"])
                   + "  [" + " + ".join(f"{k} {v:.1f}" for k, v in parts.items()) + "]", flush=True)
         del inputs, expected

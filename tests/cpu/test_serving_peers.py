@@ -1,11 +1,13 @@
-"""bench/serving_peers.py: the profiler time per call (the flushes split the profile, nothing guessed) and
-FlashInfer's provider."""
+"""bench/serving_peers.py: the profiler time per call (the flushes split the profile, nothing guessed), the
+CUDA-graph replay time (one capture after the warm-up, each replay timed after a flush), and FlashInfer's
+provider."""
 import pytest
 import torch
 
 import reference
-from bench.serving_peers import (errors, flashinfer_calls, flashinfer_pages, fp8_copy, grid_cases, kernel_label,
-                                 kernel_parts, split_calls, split_kernels, within)
+from bench import serving_peers
+from bench.serving_peers import (errors, flashinfer_calls, flashinfer_pages, fp8_copy, graph_times, grid_cases,
+                                 kernel_label, kernel_parts, split_calls, split_kernels, within)
 import flashinfer_double
 
 FLUSH = ["fill"]
@@ -148,3 +150,50 @@ def test_grid_s_is_the_long_request_among_short_ones():
     assert cases == [("S", 128, 1, h_q, 1024, False, False, 65536) for h_q in (16, 128)]
     assert all(case[-1] == 0 for case in grid_cases(["A", "B", "C"], skip_32k=True))
     assert len(grid_cases(["A", "B", "C"], skip_32k=False)) == 2 * 2 * 4 + 8
+
+
+class _Capture:
+    """torch.cuda.graph's stand-in: records the capture's begin and end (or fails at its begin)."""
+
+    def __init__(self, graph, events, fail=False):
+        self.events, self.fail = events, fail
+        events.append("capture")
+
+    def __enter__(self):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.events.append("begin")
+
+    def __exit__(self, *exc):
+        self.events.append("end")
+
+
+def _fake_graphs(monkeypatch, events, fail=False):
+    class Graph:
+        def replay(self):
+            events.append("replay")
+    times = iter([5000.0, 7000.0, 6000.0])
+
+    def time_call(fn, device, flush):
+        events.append("flush")
+        fn()
+        return None, next(times)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: _Capture(graph, events, fail))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    monkeypatch.setattr(serving_peers.utils, "time_call", time_call)
+
+
+def test_graph_times_capture_once_after_the_warmup_then_time_each_replay(monkeypatch):
+    events = []
+    _fake_graphs(monkeypatch, events)
+    assert graph_times(lambda: events.append("call"), 3, None) == (6.0, 6.0)  # us: median and mean
+    assert events == ["call", "call", "capture", "begin", "call", "end"] + ["flush", "replay"] * 3
+
+
+def test_a_provider_that_cannot_be_captured_raises_for_the_caller_to_say(monkeypatch):
+    events = []
+    _fake_graphs(monkeypatch, events, fail=True)
+    with pytest.raises(RuntimeError, match="capturing"):
+        graph_times(lambda: events.append("call"), 3, None)
+    assert "replay" not in events
