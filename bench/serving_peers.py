@@ -19,7 +19,8 @@ SGLang's fa3 backends call it: bench/fa3_mla.py) when --fa3 names its build, at 
 ("FA3 bf16", a view of the same cache) and on 64-token pages over a NaN-free copy ("FA3 bf16 p64");
 vLLM's fp8 fork when --vllm-fp8 names a folder holding peer_vllm_fp8.py and its
 build/ (vllm_fp8_build.sh); FlashInfer's MLA wrapper (bf16 and fp8 caches) when `flashinfer` imports,
-unless --no-flashinfer (flashinfer_calls says how it is called). --baseline FILE
+unless --no-flashinfer (flashinfer_calls says how it is called), on the case's pages and on pages of one
+token ("FlashInfer bf16 p1" / "fp8 p1": SGLang's layout, views of the same caches). --baseline FILE
 adds another copy of submission.py (an earlier version, say `git show HEAD~1:submission.py`) as
 the providers "base bf16" / "base fp8": an A/B of two versions in one process; --variant NAME=FILE
 (repeatable) adds more copies the same way, as "NAME bf16" / "NAME fp8".
@@ -35,6 +36,7 @@ every attended row; ours also lse's max abs error). Ratios: FlashMLA time / prov
 per grid for the event, kernel and graph times.
 """
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -47,8 +49,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
+import fa3_mla  # noqa: E402  (bench/, beside this file: FA3's calls and the re-paged views)
 import reference  # noqa: E402
 import submission  # noqa: E402
 import utils  # noqa: E402
@@ -131,6 +135,8 @@ def providers(case, args):
     if args.flashinfer:
         try:
             calls.update(flashinfer_calls(args.flashinfer, case, cache8, scale8))
+            if cache.shape[1] > 1:  # SGLang's layout too: pages of one token
+                calls.update(flashinfer_token_calls(args.flashinfer, case, cache8, scale8))
         except Exception as exc:  # a wrapper that cannot plan the case: say so, time the others
             print(f"FlashInfer: cannot plan b{q.shape[0]} s_q{q.shape[1]} h{q.shape[2]}: {exc!r}", flush=True)
     return calls
@@ -181,6 +187,16 @@ def flashinfer_calls(flashinfer, case, cache8, scale8):
     run16 = wrapper(cache, None)
     run8 = wrapper(cache8, float(scale8))  # once per case, outside the timing
     return {"FlashInfer bf16": lambda: (run16(), None), "FlashInfer fp8": lambda: (run8(), None)}
+
+
+def flashinfer_token_calls(flashinfer, case, cache8, scale8):
+    """{FlashInfer bf16 p1, FlashInfer fp8 p1}: flashinfer_calls on pages of one token, as SGLang
+    lays out its MLA cache for FlashInfer: views of the same caches and a block table of token ids
+    (fa3_mla.repage), so the page lists hold every token's row."""
+    cache1, table1 = fa3_mla.repage(case.k_cache, case.block_table, 1)
+    cache8_1, _ = fa3_mla.repage(cache8, case.block_table, 1)
+    one = dataclasses.replace(case, k_cache=cache1, block_table=table1)
+    return {f"{name} p1": call for name, call in flashinfer_calls(flashinfer, one, cache8_1, scale8).items()}
 
 
 def kernel_times(fn, repeats, flush):
@@ -346,7 +362,6 @@ def load_peers(args):
     else:
         notes.append("vLLM fp8 fork: skipped (no --vllm-fp8 folder)")
     if args.fa3:
-        import fa3_mla  # bench/, beside this file
         args.fa3 = (fa3_mla, fa3_mla.load(args.fa3))
     else:
         notes.append("FA3: skipped (no --fa3 build; docs/benchmarking.md says where its kit comes from)")

@@ -7,7 +7,7 @@ import torch
 import reference
 from bench import serving_peers
 from bench.serving_peers import (errors, flashinfer_calls, flashinfer_pages, fp8_copy, graph_times, grid_cases,
-                                 kernel_label, kernel_parts, split_calls, split_kernels, within)
+                                 flashinfer_token_calls, kernel_label, kernel_parts, split_calls, split_kernels, within)
 import flashinfer_double
 
 FLUSH = ["fill"]
@@ -92,6 +92,21 @@ def test_flashinfer_calls_give_float64_attention_through_the_double(s_q, causal,
     assert errors(out, None, *exact)[0] < 5e-3  # bf16 rounding of the output only
     assert errors(out8, None, *exact8)[0] < 5e-3  # the fp8 copy's own exact attention, scale applied
     assert errors(torch.zeros_like(out), None, *exact)[0] == 1.0  # the check sees a provider of zeros
+
+
+@pytest.mark.parametrize("s_q, causal, page", [(1, False, 16), (2, True, 64)])
+def test_flashinfer_on_pages_of_one_token_gives_the_same_attention(s_q, causal, page):
+    """SGLang's layout: the same caches seen as pages of one token, a block table of token ids."""
+    case = flashinfer_case(s_q, causal, page)
+    cache8, scale8 = fp8_copy(case.k_cache)
+    calls = flashinfer_token_calls(flashinfer_double, case, cache8, scale8)
+    assert set(calls) == {"FlashInfer bf16 p1", "FlashInfer fp8 p1"}
+    exact = reference.mla_decode_paged_float64(case.q, case.k_cache, case.block_table, case.cache_seqlens,
+                                               causal=causal)
+    exact8 = reference.mla_decode_paged_float64(case.q, cache8, case.block_table, case.cache_seqlens,
+                                                k_scale=scale8, causal=causal)
+    assert errors(calls["FlashInfer bf16 p1"]()[0], None, *exact)[0] < 5e-3
+    assert errors(calls["FlashInfer fp8 p1"]()[0], None, *exact8)[0] < 5e-3
 
 
 def test_flashinfer_calls_return_a_new_output_on_every_call():
