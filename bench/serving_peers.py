@@ -483,6 +483,35 @@ def print_summary(rows):
               f"gpu {geomean(r['gpu_us'] for r in group):9.1f} us  graph {geomean(r['graph_us'] for r in group):9.1f} "
               f"us  host {geomean(r['host_us'] for r in group):6.1f} "
               f"us (busy GPU {geomean(r['host_busy_us'] for r in group):5.1f} us){ratio}")
+    for line in fastest_peer_lines(rows):
+        print(line)
+
+
+BF16_PEERS = ("FlashMLA bf16", "FA3 bf16", "FA3 bf16 p64", "FlashInfer bf16", "FlashInfer bf16 p1")
+FP8_PEERS = ("vLLM fp8 fork", "FlashInfer fp8", "FlashInfer fp8 p1")
+
+
+def fastest_peer_lines(rows, ours="ours", key="gpu_us"):
+    """Per grid and cache, the fastest peer (the lowest geomean of `key` over the cases ours ran,
+    among the peers that ran every one of them) and its time over ours: the issue's "the fastest
+    bf16 peer" (FlashMLA, FA3 at each page size, FlashInfer at each) and the fastest fp8 one."""
+    times = {(row["grid"], row["provider"], row["batch"], row["s_q"], row["h_q"], row["s_k"], row["long"]): row[key]
+             for row in rows}
+    lines = []
+    for grid in sorted({row["grid"] for row in rows}):
+        for cache, peers in (("bf16", BF16_PEERS), ("fp8", FP8_PEERS)):
+            mine = [k[2:] for k in times if k[:2] == (grid, f"{ours} {cache}")]
+            if not mine:
+                continue
+            ran = {p: [times[(grid, p, *case)] for case in mine if (grid, p, *case) in times] for p in peers}
+            ran = {p: t for p, t in ran.items() if len(t) == len(mine)}
+            if not ran:
+                continue
+            best = min(ran, key=lambda p: geomean(ran[p]))
+            ratio = geomean(ran[best][i] / times[(grid, f"{ours} {cache}", *case)] for i, case in enumerate(mine))
+            lines.append(f"grid {grid} {cache}: fastest peer {best} ({geomean(ran[best]):.1f} us); "
+                         f"its time / {ours} {cache}'s: {ratio:.2f}x")
+    return lines
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ import torch
 
 import reference
 from bench import serving_peers
-from bench.serving_peers import (errors, flashinfer_calls, flashinfer_pages, fp8_copy, graph_times, grid_cases,
-                                 flashinfer_token_calls, kernel_label, kernel_parts, split_calls, split_kernels, within)
+from bench.serving_peers import (errors, fastest_peer_lines, flashinfer_calls, flashinfer_pages, flashinfer_token_calls,
+                                 fp8_copy, graph_times, grid_cases, kernel_label, kernel_parts, split_calls,
+                                 split_kernels, within)
 import flashinfer_double
 
 FLUSH = ["fill"]
@@ -212,3 +213,18 @@ def test_a_provider_that_cannot_be_captured_raises_for_the_caller_to_say(monkeyp
     with pytest.raises(RuntimeError, match="capturing"):
         graph_times(lambda: events.append("call"), 3, None)
     assert "replay" not in events
+
+
+def test_the_fastest_peer_is_chosen_over_the_cases_ours_ran():
+    def row(grid, provider, s_k, gpu):
+        return {"grid": grid, "provider": provider, "batch": 128, "s_q": 1, "h_q": 128, "s_k": s_k, "long": 0,
+                "gpu_us": gpu}
+    rows = [row("A", "ours bf16", 4096, 100.0), row("A", "ours bf16", 8192, 200.0),
+            row("A", "FlashMLA bf16", 4096, 80.0), row("A", "FlashMLA bf16", 8192, 160.0),
+            row("A", "FA3 bf16", 4096, 50.0),  # fastest, but missed a case: not a candidate
+            row("A", "FlashInfer bf16 p1", 4096, 90.0), row("A", "FlashInfer bf16 p1", 8192, 150.0),
+            row("A", "ours fp8", 4096, 50.0), row("A", "vLLM fp8 fork", 4096, 60.0)]
+    lines = fastest_peer_lines(rows)
+    assert len(lines) == 2
+    assert lines[0].startswith("grid A bf16: fastest peer FlashMLA bf16") and lines[0].endswith("0.80x")
+    assert lines[1].startswith("grid A fp8: fastest peer vLLM fp8 fork") and lines[1].endswith("1.20x")
