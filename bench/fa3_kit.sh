@@ -26,14 +26,8 @@ FA_COMMIT=0251105a2fb19d2957484b7f023cd8c115286ced  # main, 2026-08-15: "[CuTe] 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-for dir in "$FA_GIT" "$CUTLASS_GIT"; do
-    git -C "$dir" rev-parse --git-dir > /dev/null || { echo "not a git directory: $dir" >&2; exit 1; }
-done
-git -C "$FA_GIT" cat-file -e "$FA_COMMIT^{commit}" || { echo "$FA_GIT lacks $FA_COMMIT" >&2; exit 1; }
-CUTLASS_COMMIT=$(git -C "$FA_GIT" rev-parse "$FA_COMMIT:csrc/cutlass")  # the submodule's pinned commit
-git -C "$CUTLASS_GIT" cat-file -e "$CUTLASS_COMMIT^{commit}" || { echo "$CUTLASS_GIT lacks $CUTLASS_COMMIT" >&2; exit 1; }
-
-source "$(dirname "$0")/kit_extract.sh"  # extract GIT_DIR COMMIT OUT PATH...
+source "$(dirname "$0")/kit_extract.sh"  # pinned_cutlass, extract
+CUTLASS_COMMIT=$(pinned_cutlass "$FA_GIT" "$FA_COMMIT" "$CUTLASS_GIT")  # the submodule's pinned commit
 
 HOPPER=(hopper/setup.py hopper/flash_api_stable.cpp hopper/flash_fwd_combine.cu hopper/flash_prepare_scheduler.cu
         hopper/flash_attn_interface.py hopper/flash_attn_3/__init__.py hopper/flash_attn_3/flash_attn_interface.py

@@ -27,14 +27,8 @@ FLASHMLA_COMMIT=9241ae3ef9bac614dd25e45e507e089f888280e0  # "Swap FlashMLA combi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-for dir in "$FLASHMLA_GIT" "$CUTLASS_GIT"; do
-    git -C "$dir" rev-parse --git-dir > /dev/null || { echo "not a git directory: $dir" >&2; exit 1; }
-done
-git -C "$FLASHMLA_GIT" cat-file -e "$FLASHMLA_COMMIT^{commit}" || { echo "$FLASHMLA_GIT lacks $FLASHMLA_COMMIT" >&2; exit 1; }
-CUTLASS_COMMIT=$(git -C "$FLASHMLA_GIT" rev-parse "$FLASHMLA_COMMIT:csrc/cutlass")  # the submodule's pinned commit
-git -C "$CUTLASS_GIT" cat-file -e "$CUTLASS_COMMIT^{commit}" || { echo "$CUTLASS_GIT lacks $CUTLASS_COMMIT" >&2; exit 1; }
-
-source "$(dirname "$0")/kit_extract.sh"  # extract GIT_DIR COMMIT OUT PATH...
+source "$(dirname "$0")/kit_extract.sh"  # pinned_cutlass, extract
+CUTLASS_COMMIT=$(pinned_cutlass "$FLASHMLA_GIT" "$FLASHMLA_COMMIT" "$CUTLASS_GIT")  # the submodule's pinned commit
 
 KIT="$WORK/flashmla_sparse"
 extract "$FLASHMLA_GIT" "$FLASHMLA_COMMIT" "$KIT" LICENSE flash_mla \

@@ -211,18 +211,15 @@ def graph_times(fn, repeats, flush, warmup=2):
     decode: `warmup` eager calls, the capture, then `repeats` replays, each timed by
     utils.time_call (events around one replay after the flush), which the GPU runs without the
     host's launch time or the gaps between the call's kernels that waiting on the host leaves.
-    A provider that cannot be captured raises; the caller says so. The graph and its memory pool
-    are released before returning."""
+    A provider that cannot be captured raises; the caller says so. The graph, and its memory pool
+    with it, goes with the return."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            fn()
-        times = [utils.time_call(graph.replay, "cuda", flush)[1] / 1e3 for _ in range(repeats)]
-    finally:
-        del graph
+    with torch.cuda.graph(graph):
+        fn()
+    times = [utils.time_call(graph.replay, "cuda", flush)[1] / 1e3 for _ in range(repeats)]
     return statistics.median(times), statistics.mean(times)
 
 
@@ -319,6 +316,31 @@ def host_time(fn, repeats, busy=False):
         times.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     return statistics.median(times)
+
+
+def provider_times(fn, repeats, host_repeats, flush, where, busy=True):
+    """Every timing of one provider on one case, as a row's fields: event time (median_us, mean_us:
+    kernel_times), profiler kernel time (gpu_us, gpu_mean_us, kernels_us: profiler_times; NaN where
+    the profile does not split into the calls), host time (host_us, and with `busy` host_busy_us:
+    host_time), CUDA-graph replay time (graph_us, graph_mean_us: graph_times; NaN where the call
+    cannot be captured). What cannot be measured is said after `where`."""
+    median, mean = kernel_times(fn, repeats, flush)
+    try:
+        gpu, gpu_mean, parts = profiler_times(fn, repeats, flush)
+    except RuntimeError as exc:  # a profile that does not split into the calls: no GPU time
+        print(f"{where} profiler: {exc}", flush=True)
+        gpu = gpu_mean = float("nan")
+        parts = {}
+    times = {"median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean, "kernels_us": parts,
+             "host_us": host_time(fn, host_repeats)}
+    if busy:
+        times["host_busy_us"] = host_time(fn, host_repeats, busy=True)
+    try:
+        times["graph_us"], times["graph_mean_us"] = graph_times(fn, repeats, flush)
+    except Exception as exc:  # a provider that cannot be captured: no graph time
+        print(f"{where} graph: {exc!r}", flush=True)
+        times["graph_us"] = times["graph_mean_us"] = float("nan")
+    return times
 
 
 def errors(out, lse, exact_out, exact_lse):
@@ -422,38 +444,22 @@ def main():
                 out, lse = fn()
                 torch.cuda.synchronize()
                 rel, lse_err = (float("nan"), None) if exact_out is None else errors(out, lse, exact_out, exact_lse)
-                median, mean = kernel_times(fn, args.repeats, flush)
-                try:
-                    gpu, gpu_mean, parts = profiler_times(fn, args.repeats, flush)
-                except RuntimeError as exc:  # a profile that does not split into the calls: no GPU time
-                    print(f"{label}: {name} profiler: {exc}", flush=True)
-                    gpu = gpu_mean = float("nan")
-                    parts = {}
-                host = host_time(fn, args.host_repeats)
-                host_busy = host_time(fn, args.host_repeats, busy=True)
-                try:
-                    graph, graph_mean = graph_times(fn, args.repeats, flush)
-                except Exception as exc:  # a provider that cannot be captured: no graph time
-                    print(f"{label}: {name} graph: {exc!r}", flush=True)
-                    graph = graph_mean = float("nan")
+                times = provider_times(fn, args.repeats, args.host_repeats, flush, f"{label}: {name}")
             except Exception as exc:  # a peer that cannot take the case: say so, go on
                 print(f"{label}: {name} failed: {exc!r}", flush=True)
                 continue
+            median = times["median_us"]
             row = {"grid": grid, "batch": batch, "s_q": s_q, "h_q": h_q, "s_k": s_k, "long": long, "causal": causal,
-                   "provider": name, "median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean,
-                   "host_us": host, "host_busy_us": host_busy, "graph_us": graph, "graph_mean_us": graph_mean,
-                   "kernels_us": parts,
-                   "rel_l2": rel,
-                   "lse_err": lse_err, "tokens": tokens,
+                   "provider": name, **times, "rel_l2": rel, "lse_err": lse_err, "tokens": tokens,
                    "tflops": 2 * tokens * s_q * h_q * (576 + 512) / median / 1e6,
                    "bf16_tb_s": tokens * 1152 / median / 1e6}
             rows.append(row)
-            print(f"{label} {name:14s} {median:9.1f} us (mean {mean:9.1f}) "
-                  f"gpu {gpu:9.1f}  graph {graph:9.1f}  host {host:6.1f} / busy {host_busy:5.1f} us  "
-                  f"{row['tflops']:6.1f} TFLOPS  "
+            print(f"{label} {name:14s} {median:9.1f} us (mean {times['mean_us']:9.1f}) "
+                  f"gpu {times['gpu_us']:9.1f}  graph {times['graph_us']:9.1f}  host {times['host_us']:6.1f} / "
+                  f"busy {times['host_busy_us']:5.1f} us  {row['tflops']:6.1f} TFLOPS  "
                   f"{row['bf16_tb_s']:5.2f} TB/s(bf16)  "
                   f"rel {rel:.2e}" + (f"  lse {lse_err:.1e}" if lse_err is not None else "")
-                  + "  [" + " + ".join(f"{k} {v:.1f}" for k, v in parts.items()) + "]", flush=True)
+                  + "  [" + " + ".join(f"{k} {v:.1f}" for k, v in times["kernels_us"].items()) + "]", flush=True)
         del case, exact_out, exact_lse
         torch.cuda.empty_cache()
     print_summary(rows)

@@ -121,35 +121,22 @@ def main():
                 out, lse = fn()
                 torch.cuda.synchronize()
                 verdict = None if expected is None else reference.judge_sparse(expected, out, lse)
-                median, mean = serving_peers.kernel_times(fn, args.repeats, flush)
-                try:
-                    gpu, gpu_mean, parts = serving_peers.profiler_times(fn, args.repeats, flush)
-                except RuntimeError as exc:  # a profile that does not split into the calls: no kernel time
-                    print(f"{label(spec)}: {name} profiler: {exc}", flush=True)
-                    gpu = gpu_mean = float("nan")
-                    parts = {}
-                host = serving_peers.host_time(fn, args.host_repeats)
-                try:
-                    graph, _ = serving_peers.graph_times(fn, args.repeats, flush)
-                except Exception as exc:  # a provider that cannot be captured: no graph time
-                    print(f"{label(spec)}: {name} graph: {exc!r}", flush=True)
-                    graph = float("nan")
+                times = serving_peers.provider_times(fn, args.repeats, args.host_repeats, flush,
+                                                     f"{label(spec)}: {name}", busy=False)
             except Exception as exc:  # a provider that cannot take the case: say so, go on
                 print(f"{label(spec)}: {name} failed: {exc!r}", flush=True)
                 continue
+            gpu = times["gpu_us"]
             row = {**{k: spec[k] for k in ("batchsize", "qseqlen", "heads", "topk", "seed")}, "provider": name,
-                   "median_us": median, "mean_us": mean, "gpu_us": gpu, "gpu_mean_us": gpu_mean, "graph_us": graph,
-                   "host_us": host,
-                   "kernels_us": parts, "tflops": flops(inputs) / gpu / 1e6,
-                   "tb_s": inputs.cache_bytes / gpu / 1e6,
+                   **times, "tflops": flops(inputs) / gpu / 1e6, "tb_s": inputs.cache_bytes / gpu / 1e6,
                    "ok": None if verdict is None else verdict["ok"],
                    "check": None if verdict is None else reference.sparse_message(verdict)}
             rows.append(row)
-            print(f"{label(spec)} {name:16s} gpu {gpu:8.1f} us  graph {graph:8.1f}  "
-                  f"event {median:8.1f} (mean {mean:8.1f})  host {host:5.1f} us  "
+            print(f"{label(spec)} {name:16s} gpu {gpu:8.1f} us  graph {times['graph_us']:8.1f}  "
+                  f"event {times['median_us']:8.1f} (mean {times['mean_us']:8.1f})  host {times['host_us']:5.1f} us  "
                   f"{row['tflops']:6.1f} TFLOPS  {row['tb_s']:5.2f} TB/s  "
                   + ("" if verdict is None else ("ok " if verdict["ok"] else "FAILED ") + row["check"])
-                  + "  [" + " + ".join(f"{k} {v:.1f}" for k, v in parts.items()) + "]", flush=True)
+                  + "  [" + " + ".join(f"{k} {v:.1f}" for k, v in times["kernels_us"].items()) + "]", flush=True)
         del inputs, expected
         torch.cuda.empty_cache()
     print_summary(rows)

@@ -91,11 +91,11 @@ def errors(inputs):
                 row = row[row >= 0]
                 if row.numel() == 0:
                     continue
-                keys = reference.sparse_rows(inputs.k_cache, row).double()
+                keys = reference.sparse_rows(inputs.k_cache, row)  # float64, dequantised
                 raw = reference._sparse_bytes(inputs.k_cache)[row // inputs.page, row % inputs.page, 0]
-                scales = raw[:, LATENT:LATENT + 16].contiguous().view(torch.float32).double()
-                out[i, t], lse[i, :, t] = attend(inputs.q[i, t], keys, scales, inputs.softmax_scale, q_mode,
-                                                 p_mode)
+                scales = raw[:, reference.SPARSE_SCALES_AT:reference.SPARSE_ROPE_AT].contiguous().view(torch.float32)
+                out[i, t], lse[i, :, t] = attend(inputs.q[i, t], keys, scales.double(), inputs.softmax_scale,
+                                                 q_mode, p_mode)
         found[mode] = (out, lse)
     att = torch.isfinite(lse_v)
     rows = att.permute(0, 2, 1)

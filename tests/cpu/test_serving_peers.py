@@ -228,3 +228,23 @@ def test_the_fastest_peer_is_chosen_over_the_cases_ours_ran():
     assert len(lines) == 2
     assert lines[0].startswith("grid A bf16: fastest peer FlashMLA bf16") and lines[0].endswith("0.80x")
     assert lines[1].startswith("grid A fp8: fastest peer vLLM fp8 fork") and lines[1].endswith("1.20x")
+
+
+def test_provider_times_gives_every_field_and_nan_for_what_cannot_be_measured(monkeypatch, capsys):
+    def no_profile(*args):
+        raise RuntimeError("expected 2 flushes")
+
+    def no_graph(*args):
+        raise RuntimeError("capture failed")
+    monkeypatch.setattr(serving_peers, "kernel_times", lambda fn, repeats, flush: (10.0, 11.0))
+    monkeypatch.setattr(serving_peers, "profiler_times", no_profile)
+    monkeypatch.setattr(serving_peers, "host_time", lambda fn, repeats, busy=False: 30.0 if busy else 20.0)
+    monkeypatch.setattr(serving_peers, "graph_times", no_graph)
+    times = serving_peers.provider_times(None, 2, 3, None, "A b1: ours bf16")
+    nan = [k for k, v in times.items() if v != v]
+    assert sorted(nan) == ["gpu_mean_us", "gpu_us", "graph_mean_us", "graph_us"]
+    assert (times["median_us"], times["mean_us"], times["host_us"], times["host_busy_us"], times["kernels_us"]) == \
+        (10.0, 11.0, 20.0, 30.0, {})
+    said = capsys.readouterr().out
+    assert "A b1: ours bf16 profiler: expected 2 flushes" in said and "A b1: ours bf16 graph:" in said
+    assert "host_busy_us" not in serving_peers.provider_times(None, 2, 3, None, "x", busy=False)

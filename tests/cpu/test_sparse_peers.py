@@ -36,8 +36,7 @@ def test_both_providers_pass_the_strict_check(heads, topk_length):
     expected = reference.sparse_expected(inputs)
     found = {"FlashMLA sparse": (fm.get_mla_metadata, fm.flash_mla_with_kvcache)}
     if heads == 64:  # ours under the interpreter: one head count keeps the CPU time small
-        found, _ = sparse_peers.providers(types.SimpleNamespace(variants=[], flashmla_sparse=None))
-        found["FlashMLA sparse"] = (fm.get_mla_metadata, fm.flash_mla_with_kvcache)
+        found.update(sparse_peers.providers(types.SimpleNamespace(variants=[], flashmla_sparse=None))[0])
     calls = sparse_peers.case_calls(found, inputs)
     assert set(calls) == set(found)
     for name, fn in calls.items():
