@@ -982,19 +982,22 @@ SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (it
 SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
 TMA_TILE = 64  # tokens a Hopper tile reads; TMA reads a tile from one page, so shorter pages are gathered
 SPARSE_SPLIT_MIN_ENTRIES = 256  # the sparse form: a split of fewer entries costs more in its merge than it saves
+SPARSE_ROUTES = ("hopper_sparse", "triton_sparse")  # the sparse kernel's rows: sm_90's wide one, the portable one
 
 # A row serves a plan where its "kv" is the cache's format and, where the row names them, the plan's
 # head count is in "heads", its query tokens in "s_q", its page size in "pages", its batch at most
 # "max_batch", its query rows (s_q x h_q) at least "min_rows", and the loaded aiter has every
 # capability in "needs" (AITER_SERVING_CAPABILITIES). serving_route takes the first such row whose
 # route exists here (SERVING_ROUTES: aiter's rows only where aiter loaded, the MI355X; hopper_paged
-# only on sm_90 with Gluon), hopper_paged only for a cache TMA can read (its blocks back to back).
+# and hopper_sparse only on sm_90 with Gluon), hopper_paged only for a cache TMA can read (its blocks
+# back to back).
 # Row params, Hopper: "rows" query rows a program (16 where absent), "num_warps", "num_stages" (ring
 # slots), "waves" (programs per SM slot the split count aims for), "min_chunk" (the shortest split),
 # "spans" (the span schedule where the batch can outgrow one wave of chunks), "seesaw" (the seesaw
 # kernel: query rows as M), "block_n" (its tile), "pv_f16" (P.V in f16 over an fp8 cache),
 # "shared_max" (the row max and rescale factors through shared memory); portable: "block_n",
-# "num_warps", "num_stages"; aiter: its route's keyword arguments. docs/design.md says why each row.
+# "num_warps", "num_stages"; sparse: "rows" (heads a program), "block_n", "num_warps", "num_stages";
+# aiter: its route's keyword arguments. docs/design.md says why each row.
 SERVING_ROUTE_TABLE = [
     # aiter: the persistent a8w8 kernels with an lse up to 32 requests (h47), 64 heads at any batch
     {"kv": "fp8", "heads": (16, 128), "s_q": (1,), "max_batch": 32, "needs": ("persistent_lse",),
@@ -1042,8 +1045,12 @@ SERVING_ROUTE_TABLE = [
     # the portable kernel: every other case, and every GPU and the CPU (h36, h38)
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
-    # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache): the portable sparse kernel,
-    # 16 entries a tile at 8 warps, which compiles without spills for sm_90 and gfx950 (issue 59)
+    # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: the sparse kernel at
+    # 32 heads a program, each entry gathered half as often as at 16 (h92; it spills on gfx950)
+    {"kv": "fp8_sparse", "route": "hopper_sparse",
+     "params": {"rows": 32, "block_n": 16, "num_warps": 8, "num_stages": 2}},
+    # the sparse form elsewhere: 16 heads and 16 entries at 8 warps, which compiles without spills for sm_90
+    # and gfx950 (issue 59)
     {"kv": "fp8_sparse", "route": "triton_sparse",
      "params": {"rows": 16, "block_n": 16, "num_warps": 8, "num_stages": 2}},
 ]
@@ -1061,7 +1068,7 @@ def serving_row_serves(row, shape):
 def route_rows(row):
     """Query rows per program of a serving table row: its params' "rows" on the Hopper route and the
     sparse one (16 where absent), SERVING_ROWS on the portable one."""
-    own_rows = row["route"] in ("hopper_paged", "triton_sparse")
+    own_rows = row["route"] in ("hopper_paged",) + SPARSE_ROUTES
     return row["params"].get("rows", SERVING_ROWS) if own_rows else SERVING_ROWS
 
 
@@ -1108,7 +1115,7 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
             splits = num_splits or max(1, min(triton.cdiv(_programs_to_fill(device), shape.batch * groups),
                                               capacity // SERVING_SPLIT_MIN_TOKENS))
             return ServingRoute(row, _mla_decode_kernel, splits, False)
-        if route == "triton_sparse":  # a program per query token and head group: no query tokens share entries
+        if route in SPARSE_ROUTES:  # a program per query token and head group: no query tokens share entries
             programs = shape.batch * shape.s_q * triton.cdiv(shape.h_q, route_rows(row))
             splits = num_splits or max(1, min(triton.cdiv(_programs_to_fill(device), programs),
                                               shape.topk // SPARSE_SPLIT_MIN_ENTRIES))
@@ -2222,6 +2229,11 @@ def triton_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), t
              "range32_args": [name for name, kind in _SPARSE_KERNEL_SIGNATURE.items() if kind.startswith("*")],
              "num_warps": p["num_warps"], "num_stages": p["num_stages"]}
             for splits in num_splits for has in topk_length]
+
+
+def hopper_sparse_compile_plan(params, fp8_dtype="fp8e4nv"):
+    """The sparse kernel at the Hopper row's params: triton_sparse_compile_plan's compiles, sm_90 only."""
+    return [dict(entry, targets=["sm90"]) for entry in triton_sparse_compile_plan(params, fp8_dtype)]
 
 
 # =============================================================================================
@@ -5017,10 +5029,11 @@ if HAVE_AITER:  # the aiter routes exist only where aiter imported with an API t
     })
 TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": triton_mxfp4_compile_plan,
                         "hopper_fp8": hopper_fp8_compile_plan, "hopper_paged": hopper_paged_compile_plan,
-                        "triton_paged": triton_paged_compile_plan, "triton_sparse": triton_sparse_compile_plan}
+                        "triton_paged": triton_paged_compile_plan, "triton_sparse": triton_sparse_compile_plan,
+                        "hopper_sparse": hopper_sparse_compile_plan}
 
 
-SERVING_ROUTES = ({"triton_paged", "triton_sparse"} | ({"hopper_paged"} if HOPPER else set())  # those here
+SERVING_ROUTES = ({"triton_paged", "triton_sparse"} | ({"hopper_paged", "hopper_sparse"} if HOPPER else set())  # here
                   | (set(AITER_SERVING_ROUTES) if HAVE_AITER else set()))
 # What each route reads and how it is judged, for every route name a table may hold:
 #   kv_format: the kv_data entry it reads; q_format: how it rounds q before Q.K ("fp8": to fp8,
@@ -5131,7 +5144,7 @@ def _fill_plan(plan, shape, device, capacity, tma_readable=True):
     plan.num_splits = route.num_splits
     rows = route_rows(route.row)
     groups = triton.cdiv(shape.s_q * shape.h_q, rows)
-    if route.row["route"] == "triton_sparse":  # each query token's head groups apart
+    if route.row["route"] in SPARSE_ROUTES:  # each query token's head groups apart
         groups = shape.s_q * triton.cdiv(shape.h_q, rows)
     if route.row["route"] == "hopper_paged":
         slots = groups * (plan.num_splits + shape.batch)  # work items: at most a chunk count plus one per request

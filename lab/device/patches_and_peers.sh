@@ -11,7 +11,10 @@
 #      SPARSE_SECONDS=N, the last N seconds time the sparse form against FlashMLA's (bench/sparse_peers.py),
 #      with SPARSE_VARIANTS="FILE ..." (patched submission.py files, e.g. make_variants.sh's) beside ours;
 #      with AB_BASE=FILE and AB_SECONDS=N, first N seconds of custom_kernel's A/B on the leaderboard's
-#      shapes (tools/ab_probe.py --whole, the runner's flush: AB_BASE, HEAD, AB_BASE interleaved).
+#      shapes (tools/ab_probe.py --whole, the runner's flush: AB_BASE, HEAD, AB_BASE interleaved);
+#      SPARSE_FIRST=1 builds FlashMLA's sparse decode first and times the sparse form while the
+#      other peers build;
+#   with TESTS="pytest arguments", those tests run beside step 2 (4 workers, $OUT/tests.txt).
 #
 #   bash lab/device/patches_and_peers.sh [SECONDS]      (the whole call's budget, default 560)
 set -uo pipefail
@@ -20,9 +23,8 @@ START=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/device.txt" 2>&1
-python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" \
-    >> "$OUT/device.txt"
+source "$(dirname "$0")/common.sh"
+device_header
 
 # 1. peers
 TIMING=${TIMING:-$(( BUDGET * 2 / 5 ))}  # the seconds kept for step 3
@@ -32,10 +34,21 @@ if [ -z "${NO_PEERS:-}" ]; then  # NO_PEERS=1: the versions alone (no builds, no
   MAX_JOBS=5 build flashmla bash .peers/flashmla_build.sh /tmp/flashmla &
   MAX_JOBS=5 build vllm_fp8 bash .peers/vllm_fp8_build.sh /tmp/vllm_fp8 &
   [ -e .fa3/fa3_kit.tar.xz ] && MAX_JOBS=6 build fa3 bash bench/fa3_build.sh /tmp/fa3 &
-  [ -e .peers/flashmla_sparse_kit.tar.xz ] && [ "${SPARSE_SECONDS:-0}" -gt 0 ] &&
-    MAX_JOBS=4 build flashmla_sparse bash bench/flashmla_sparse_build.sh /tmp/flashmla_sparse &
 fi
 touch /tmp/builds.log
+if [ -n "${TESTS:-}" ]; then
+  ( timeout $(( BUDGET - TIMING - 10 )) python3 -m pytest -q -n 4 -p no:cacheprovider $TESTS > "$OUT/tests.txt" 2>&1
+    echo "tests rc=$? at $(( $(date +%s) - START )) s" >> /tmp/warm.log ) &
+fi
+SPARSE_LAST=${SPARSE_SECONDS:-0}
+if [ -z "${NO_PEERS:-}" ] && [ -e .peers/flashmla_sparse_kit.tar.xz ] && [ "$SPARSE_LAST" -gt 0 ]; then
+  if [ -n "${SPARSE_FIRST:-}" ]; then  # built now, and the sparse form timed while the others build
+    MAX_JOBS=6 build flashmla_sparse bash bench/flashmla_sparse_build.sh /tmp/flashmla_sparse
+    sparse_timing "$SPARSE_LAST"; SPARSE_LAST=0
+  else
+    MAX_JOBS=4 build flashmla_sparse bash bench/flashmla_sparse_build.sh /tmp/flashmla_sparse &
+  fi
+fi
 if [ -z "${NO_PEERS:-}" ] && [ -e .fi/flashinfer_kit.tar.xz ]; then
   mkdir -p /tmp/site && tar xJf .fi/flashinfer_kit.tar.xz -C /tmp/site &&
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .fi/apache_tvm_ffi-*.whl > /tmp/build_fi.log 2>&1
@@ -73,14 +86,7 @@ PEERS=""
 echo "timing from $(( $(date +%s) - START )) s with$PEERS"
 [ -n "${NO_PEERS:-}" ] && PEERS="--no-flashinfer"
 python3 bench/serving_peers.py --grids "$GRIDS" --skip-32k --repeats 5 --host-repeats 3 $PEERS $VARIANTS \
-    --max-seconds $(( $(left) - 45 - ${SPARSE_SECONDS:-0} )) --json "$OUT/peers.json" > "$OUT/peers.txt" 2>&1
+    --max-seconds $(( $(left) - 45 - SPARSE_LAST )) --json "$OUT/peers.json" > "$OUT/peers.txt" 2>&1
 grep "^grid\|NOTE" "$OUT/peers.txt"
-if [ "${SPARSE_SECONDS:-0}" -gt 0 ]; then
-  SPARSE_PEER=""
-  [ -d /tmp/flashmla_sparse/build ] && SPARSE_PEER="--flashmla-sparse /tmp/flashmla_sparse/build"
-  for v in ${SPARSE_VARIANTS:-}; do SPARSE_PEER="$SPARSE_PEER --variant $(basename "$v" .py)=$v"; done
-  timeout $(( $(left) - 15 )) python3 bench/sparse_peers.py $SPARSE_PEER --repeats 5 --host-repeats 3 \
-      --json "$OUT/sparse.json" > "$OUT/sparse.txt" 2>&1
-  grep "^h\|NOTE\|FAILED" "$OUT/sparse.txt"
-fi
+[ "$SPARSE_LAST" -gt 0 ] && sparse_timing $(( $(left) - 15 ))
 echo "done at $(( $(date +%s) - START )) s"

@@ -343,9 +343,10 @@ def test_bad_input_is_a_value_error_naming_the_field(name, field, overrides):
 
 ROUTE_PARAMS = {"triton_paged": {"block_n", "num_warps", "num_stages"},
                 "triton_sparse": {"rows", "block_n", "num_warps", "num_stages"},
+                "hopper_sparse": {"rows", "block_n", "num_warps", "num_stages"},
                 "hopper_paged": {"num_warps", "num_stages", "waves", "min_chunk"}}
 # where absent: rows 16, spans, pv_f16, shared_max and seesaw off, segment_tiles 0
-OPTIONAL_PARAMS = {"triton_paged": set(), "triton_sparse": set(),
+OPTIONAL_PARAMS = {"triton_paged": set(), "triton_sparse": set(), "hopper_sparse": set(),
                    "hopper_paged": {"rows", "spans", "pv_f16", "shared_max", "seesaw", "block_n", "segment_tiles"}}
 
 
@@ -379,9 +380,12 @@ def test_serving_route_table_is_data_and_covers_both_caches():
     ((128, 1, 16, 64, "bf16", False), True, "hopper_paged"),
     ((128, 4, 3, 16, "bf16", True), True, "hopper_paged"),
     ((128, 1, 16, 64, "fp8", False), False, "triton_paged"),  # no Hopper GPU
+    ((64, 2, 128, 64, "fp8_sparse", False, 2048), True, "hopper_sparse"),
+    ((2, 1, 16, 1, "fp8_sparse", False, 128), True, "hopper_sparse"),
+    ((64, 2, 128, 64, "fp8_sparse", False, 2048), False, "triton_sparse"),
 ])
 def test_serving_route_follows_the_table(monkeypatch, shape, hopper, route):
-    routes = {"triton_paged"} | ({"hopper_paged"} if hopper else set())
+    routes = {"triton_paged", "triton_sparse"} | ({"hopper_paged", "hopper_sparse"} if hopper else set())
     monkeypatch.setattr(submission, "SERVING_ROUTES", routes)
     assert submission.serving_route(submission.PlanShape(*shape), None, 1 << 16).row["route"] == route
 

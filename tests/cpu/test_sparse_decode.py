@@ -91,6 +91,21 @@ def test_the_grid(heads, s_q, page, topk, kvseqlen, varlen, topk_length, zeros, 
         assert plan.num_splits == splits
 
 
+@pytest.mark.parametrize("heads,s_q,page,topk,kvseqlen,varlen,topk_length,zeros,splits",
+                         [GRID[2], GRID[3], (40, 2, 1, 64, 90, True, True, 1, 3)])
+def test_the_hopper_rows_params_on_any_device(monkeypatch, heads, s_q, page, topk, kvseqlen, varlen, topk_length,
+                                              zeros, splits):
+    """sm_90's sparse row (more heads a program than the portable row) taken where it is not the route:
+    the same kernel at those params, right with masked heads, one and several splits."""
+    monkeypatch.setattr(S, "SERVING_ROUTES", S.SERVING_ROUTES | {"hopper_sparse"})
+    inputs = make(2 + zeros, s_q, heads, page, kvseqlen, topk, seed=heads + topk + page + 1, varlen=varlen,
+                  topk_length=topk_length, zeros=zeros)
+    plan = plan_of(splits)
+    out, lse = run(inputs, plan)
+    assert plan.route["route"] == "hopper_sparse" and plan.route["params"]["rows"] > 16
+    assert_right(inputs, out, lse)
+
+
 def test_odd_heads_eight_query_tokens_an_odd_page_and_a_scale():
     inputs = make(2, 8, 3, 5, 30, 16, seed=7)
     out, lse = run(inputs, softmax_scale=0.11)
@@ -291,22 +306,23 @@ import json, sys
 from tools import kernel_report as K
 import submission as S
 spec = K.TARGETS[sys.argv[1]]
-params = next(row["params"] for row in S.SERVING_ROUTE_TABLE if row["route"] == "triton_sparse")
+params = next(row["params"] for row in S.SERVING_ROUTE_TABLE if row["route"] == sys.argv[2])
 (entry,) = S.triton_sparse_compile_plan(params, num_splits=(2,), topk_length=(True,))
 facts, _ = K.compile_and_analyse(*K.complete_plan_entry(entry, spec), spec)
 print(json.dumps({"spills": facts["spills"], "mma": facts["mma"]["loop_count"]}))
 """
 
 
-@pytest.mark.parametrize("target", ["sm90", "gfx950", "gfx942"])
-def test_the_kernel_compiles_for_the_gpus(tmp_path, target):
-    """The route's configuration, with splits and topk_length, compiled as tools/kernel_report.py
-    compiles (a process per target, no interpreter, a fresh cache): bf16 MMAs in the tile loop,
-    and on sm_90 no spills."""
+@pytest.mark.parametrize("target,route", [("sm90", "triton_sparse"), ("gfx950", "triton_sparse"),
+                                          ("gfx942", "triton_sparse"), ("sm90", "hopper_sparse")])
+def test_the_kernel_compiles_for_the_gpus(tmp_path, target, route):
+    """Each sparse row's configuration (the portable one everywhere, the wide one on sm_90), with
+    splits and topk_length, compiled as tools/kernel_report.py compiles (a process per target, no
+    interpreter, a fresh cache): bf16 MMAs in the tile loop, and on sm_90 no spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, "-c", COMPILE, target], cwd=repo, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", COMPILE, target, route], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -15,6 +15,8 @@ import flashmla_sparse_double as fm
 import reference
 from bench import sparse_peers
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter's CPU, else the GPU's compiler
+
 
 def test_the_cases_are_flashmlas_sparse_benchmark():
     cases = sparse_peers.bench_cases()
@@ -27,7 +29,7 @@ def test_the_cases_are_flashmlas_sparse_benchmark():
 
 def small_case(heads=64, topk_length=False, seed=5):
     return reference.generate_sparse_input(2, 2, heads, 64, 90, 32, seed, varlen=True, topk_length=topk_length,
-                                           device="cpu")
+                                           device=DEVICE)
 
 
 @pytest.mark.parametrize("heads, topk_length", [(64, False), (128, True)])

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call: the whole suite as `make test` runs it (lint, preflight, every test, the GPU ones
+# included), then the sparse form against FlashMLA's sparse decode (bench/sparse_peers.py).
+#   1. FlashMLA's sparse decode built in the background from .peers/flashmla_sparse_kit.tar.xz;
+#   2. lint and preflight with kernelguard and ruff from .device/whl (the GPU machine has neither),
+#      then pytest over tests/ (or TESTS="pytest arguments"; SUITE_SECONDS at most);
+#   3. bench/sparse_peers.py with SPARSE_VARIANTS="FILE ..." (patched submission.py files) beside ours.
+#
+#   bash lab/device/suite_and_sparse.sh [SECONDS]      (the whole call's budget, default 560)
+set -uo pipefail
+BUDGET=${1:-560}
+START=$(date +%s)
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/common.sh"
+device_header
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl > "$OUT/wheels.log" 2>&1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+
+# 1. the sparse peer
+( MAX_JOBS=${SPARSE_JOBS:-4} timeout 300 bash bench/flashmla_sparse_build.sh /tmp/flashmla_sparse > "$OUT/build_sparse.log" 2>&1
+  echo "flashmla_sparse rc=$? at $(( $(date +%s) - START )) s" >> "$OUT/build_sparse.log" ) &
+
+# 2. make test's steps
+make lint preflight PY=python3 SETUP= > "$OUT/lint_preflight.txt" 2>&1
+echo "lint+preflight rc=$? at $(( $(date +%s) - START )) s"
+SUITE=${SUITE_SECONDS:-330}
+timeout "$SUITE" python3 -m pytest -q -n ${WORKERS:-12} --dist loadfile -p no:cacheprovider ${TESTS:-tests} \
+    > "$OUT/suite.txt" 2>&1
+echo "suite rc=$? at $(( $(date +%s) - START )) s"; tail -n 25 "$OUT/suite.txt"
+wait
+tail -n 3 "$OUT/build_sparse.log"
+
+# 3. the sparse form's speed
+sparse_timing $(( $(left) - 10 ))
