@@ -17,14 +17,7 @@
 #   with TESTS="pytest arguments", those tests run beside step 2 (4 workers, $OUT/tests.txt).
 #
 #   bash lab/device/patches_and_peers.sh [SECONDS]      (the whole call's budget, default 560)
-set -uo pipefail
-BUDGET=${1:-560}
-START=$(date +%s)
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-source "$(dirname "$0")/common.sh"
-device_header
+source "$(dirname "$0")/common.sh" "$@"  # BUDGET, START, left, OUT; device.txt
 
 # 1. peers
 TIMING=${TIMING:-$(( BUDGET * 2 / 5 ))}  # the seconds kept for step 3

@@ -7,14 +7,7 @@
 #   3. bench/sparse_peers.py with SPARSE_VARIANTS="FILE ..." (patched submission.py files) beside ours.
 #
 #   bash lab/device/suite_and_sparse.sh [SECONDS]      (the whole call's budget, default 560)
-set -uo pipefail
-BUDGET=${1:-560}
-START=$(date +%s)
-left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-source "$(dirname "$0")/common.sh"
-device_header
+source "$(dirname "$0")/common.sh" "$@"  # BUDGET, START, left, OUT; device.txt
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl > "$OUT/wheels.log" 2>&1
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 
