@@ -5033,7 +5033,8 @@ TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": t
                         "hopper_sparse": hopper_sparse_compile_plan}
 
 
-SERVING_ROUTES = ({"triton_paged", "triton_sparse"} | ({"hopper_paged", "hopper_sparse"} if HOPPER else set())  # here
+# the serving routes that exist here: the portable ones everywhere, the Hopper ones on sm_90, aiter's where it loaded
+SERVING_ROUTES = ({"triton_paged", "triton_sparse"} | ({"hopper_paged", "hopper_sparse"} if HOPPER else set())
                   | (set(AITER_SERVING_ROUTES) if HAVE_AITER else set()))
 # What each route reads and how it is judged, for every route name a table may hold:
 #   kv_format: the kv_data entry it reads; q_format: how it rounds q before Q.K ("fp8": to fp8,
