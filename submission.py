@@ -1045,11 +1045,11 @@ SERVING_ROUTE_TABLE = [
     # the portable kernel: every other case, and every GPU and the CPU (h36, h38)
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
-    # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: the sparse kernel at
-    # 32 heads a program: each entry is gathered and dequantised half as often as at 16, which halves the
-    # time on an H100; the portable row below keeps 16 heads because 32 spill on gfx950
+    # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: 64 heads a program, so
+    # each entry is gathered and dequantised once for them all, 32 entries a tile, both products on wgmma;
+    # three stages keep the index row two tiles ahead (h97; 64 heads spill on gfx950)
     {"kv": "fp8_sparse", "route": "hopper_sparse",
-     "params": {"rows": 32, "block_n": 16, "num_warps": 8, "num_stages": 2}},
+     "params": {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 3}},
     # the sparse form elsewhere: 16 heads and 16 entries at 8 warps, which compiles without spills for sm_90
     # and gfx950 (issue 59)
     {"kv": "fp8_sparse", "route": "triton_sparse",
@@ -2060,17 +2060,17 @@ def _sparse_latent(KV8, KV32, rows, valid, TILE: tl.constexpr, CHUNK: tl.constex
 
 
 @triton.jit
-def _sparse_q_t(q_rows, row_ok, TILE: tl.constexpr, CHUNK: tl.constexpr):
-    """Q^T of the program's rows over dims TILE * CHUNK ... (CHUNK x ROWS) bf16; rows past row_ok 0."""
+def _sparse_q(q_rows, row_ok, TILE: tl.constexpr, CHUNK: tl.constexpr):
+    """Q of the program's rows over dims TILE * CHUNK ... (ROWS x CHUNK) bf16; rows past row_ok 0."""
     dims = tl.arange(0, CHUNK)
-    return tl.load(q_rows[None, :] + TILE * CHUNK + dims[:, None], mask=row_ok[None, :], other=0.0)
+    return tl.load(q_rows[:, None] + TILE * CHUNK + dims[None, :], mask=row_ok[:, None], other=0.0)
 
 
 @triton.jit
-def _sparse_store(out_rows, row_ok, chunk_t, TILE: tl.constexpr, CHUNK: tl.constexpr):
-    """Store out's dims TILE * CHUNK ... of the program's rows from chunk_t (CHUNK x ROWS)."""
+def _sparse_store(out_rows, row_ok, chunk, TILE: tl.constexpr, CHUNK: tl.constexpr):
+    """Store out's dims TILE * CHUNK ... of the program's rows from chunk (ROWS x CHUNK)."""
     dims = tl.arange(0, CHUNK)
-    tl.store(out_rows[:, None] + TILE * CHUNK + dims[None, :], tl.trans(chunk_t).to(tl.bfloat16), mask=row_ok[:, None])
+    tl.store(out_rows[:, None] + TILE * CHUNK + dims[None, :], chunk.to(tl.bfloat16), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -2099,11 +2099,13 @@ def _mla_sparse_kernel(
     rows / 4 + 128, its rope at KV16 + rows / 2 + 264.
     Each tile: the entries' tokens gathered (a block id and offset per entry), each latent tile of
     128 dequantised to bf16 (fp8 x its power-of-two scale: exact), the rope as it is; q stays bf16.
-    Products are transposed, tokens as M: S^T = K.Q^T is (BLOCK_N x ROWS), four latent tiles and
-    the rope accumulated in float32; O^T += V^T.P^T in four (128 x ROWS) accumulators, P in bf16.
+    The heads are the MMA's M: S = Q.K^T is (ROWS x BLOCK_N), four latent tiles and the rope
+    accumulated in float32; O += P.V in four (ROWS x 128) accumulators, P in bf16. At 64 rows on
+    Hopper both are wgmma, q and the dequantised tiles their shared-memory operands.
     Online softmax in base 2; entries that are skipped, past the split or poisoned are -inf and
     never loaded.
-    NUM_SPLITS > 1: each program writes its float32 partial O^T and base-2 lse; the one that draws
+    NUM_SPLITS > 1: each program writes its float32 partial O (dims-major, as _merge_splits reads
+    it) and base-2 lse; the one that draws
     the last ticket of its (query token, head group) merges the splits (_merge_splits, a 128-dim
     tile at a time), writes out and lse and resets the ticket for the next call.
     Poison (NaN out and lse for the query): an entry below -1 or past the cache, or its request's
@@ -2128,19 +2130,19 @@ def _mla_sparse_kernel(
     heads = group * ROWS + tl.arange(0, ROWS)
     row_ok = heads < num_heads
     q_rows = Q + batch.to(tl.int64) * stride_q_batch + q_token * stride_q_token + heads * stride_q_head
-    q0_t = _sparse_q_t(q_rows, row_ok, 0, CHUNK)
-    q1_t = _sparse_q_t(q_rows, row_ok, 1, CHUNK)
-    q2_t = _sparse_q_t(q_rows, row_ok, 2, CHUNK)
-    q3_t = _sparse_q_t(q_rows, row_ok, 3, CHUNK)
+    q0 = _sparse_q(q_rows, row_ok, 0, CHUNK)
+    q1 = _sparse_q(q_rows, row_ok, 1, CHUNK)
+    q2 = _sparse_q(q_rows, row_ok, 2, CHUNK)
+    q3 = _sparse_q(q_rows, row_ok, 3, CHUNK)
     rope = tl.arange(0, ROPE)
-    q_rope_t = tl.load(q_rows[None, :] + LATENT + rope[:, None], mask=row_ok[None, :], other=0.0)
+    q_rope = tl.load(q_rows[:, None] + LATENT + rope[None, :], mask=row_ok[:, None], other=0.0)
 
     running_max = tl.full([ROWS], float("-inf"), tl.float32)
     running_sum = tl.zeros([ROWS], tl.float32)
-    acc0 = tl.zeros([CHUNK, ROWS], tl.float32)
-    acc1 = tl.zeros([CHUNK, ROWS], tl.float32)
-    acc2 = tl.zeros([CHUNK, ROWS], tl.float32)
-    acc3 = tl.zeros([CHUNK, ROWS], tl.float32)
+    acc0 = tl.zeros([ROWS, CHUNK], tl.float32)
+    acc1 = tl.zeros([ROWS, CHUNK], tl.float32)
+    acc2 = tl.zeros([ROWS, CHUNK], tl.float32)
+    acc3 = tl.zeros([ROWS, CHUNK], tl.float32)
     tokens = tl.arange(0, BLOCK_N)
     for tile_begin in range(split_begin, split_end, BLOCK_N):
         positions = tile_begin + tokens
@@ -2153,30 +2155,30 @@ def _mla_sparse_kernel(
         k3 = _sparse_latent(KV8, KV32, rows, valid, 3, CHUNK, LATENT)
         k_rope = tl.load(KV16 + rows[:, None] // 2 + (LATENT + 4 * (LATENT // CHUNK)) // 2 + rope[None, :],
                          mask=valid[:, None], other=0.0)
-        scores_t = tl.dot(k_rope, q_rope_t)
-        scores_t = tl.dot(k0, q0_t, scores_t)
-        scores_t = tl.dot(k1, q1_t, scores_t)
-        scores_t = tl.dot(k2, q2_t, scores_t)
-        scores_t = tl.dot(k3, q3_t, scores_t)
-        scores_t = tl.where(valid[:, None], scores_t * sm_scale_log2, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores_t, 0))
+        scores = tl.dot(q_rope, tl.trans(k_rope))
+        scores = tl.dot(q0, tl.trans(k0), scores)
+        scores = tl.dot(q1, tl.trans(k1), scores)
+        scores = tl.dot(q2, tl.trans(k2), scores)
+        scores = tl.dot(q3, tl.trans(k3), scores)
+        scores = tl.where(valid[None, :], scores * sm_scale_log2, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, 1))
         # a tile of skipped entries leaves a row at -inf: shift it by 0, not by -inf
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         correction = tl.exp2(running_max - shift)
-        probs_t = tl.exp2(scores_t - shift[None, :])
-        running_sum = running_sum * correction + tl.sum(probs_t, 0)
-        p_t = probs_t.to(tl.bfloat16)
-        acc0 = tl.dot(tl.trans(k0), p_t, acc0 * correction[None, :])
-        acc1 = tl.dot(tl.trans(k1), p_t, acc1 * correction[None, :])
-        acc2 = tl.dot(tl.trans(k2), p_t, acc2 * correction[None, :])
-        acc3 = tl.dot(tl.trans(k3), p_t, acc3 * correction[None, :])
+        probs = tl.exp2(scores - shift[:, None])
+        running_sum = running_sum * correction + tl.sum(probs, 1)
+        p = probs.to(tl.bfloat16)
+        acc0 = tl.dot(p, k0, acc0 * correction[:, None])
+        acc1 = tl.dot(p, k1, acc1 * correction[:, None])
+        acc2 = tl.dot(p, k2, acc2 * correction[:, None])
+        acc3 = tl.dot(p, k3, acc3 * correction[:, None])
         running_max = new_max
 
     out_rows = OUT + batch.to(tl.int64) * stride_o_batch + q_token * stride_o_token + heads * stride_o_head
     lse_rows = LSE + batch.to(tl.int64) * stride_lse_batch + heads * stride_lse_head + q_token * stride_lse_token
     lse2, safe_sum = _split_lse(running_max, running_sum)
     if NUM_SPLITS == 1:
-        out_scale = (tl.where(running_sum != 0, 1.0 / safe_sum, 0.0) + poison)[None, :]
+        out_scale = (tl.where(running_sum != 0, 1.0 / safe_sum, 0.0) + poison)[:, None]
         _sparse_store(out_rows, row_ok, acc0 * out_scale, 0, CHUNK)
         _sparse_store(out_rows, row_ok, acc1 * out_scale, 1, CHUNK)
         _sparse_store(out_rows, row_ok, acc2 * out_scale, 2, CHUNK)
@@ -2188,10 +2190,10 @@ def _mla_sparse_kernel(
         r = tl.arange(0, ROWS)
         dims = tl.arange(0, CHUNK)
         partial = PARTIAL_O + slot.to(tl.int64) * LATENT * ROWS
-        tl.store(partial + (0 * CHUNK + dims)[:, None] * ROWS + r[None, :], acc0 / safe_sum[None, :])
-        tl.store(partial + (1 * CHUNK + dims)[:, None] * ROWS + r[None, :], acc1 / safe_sum[None, :])
-        tl.store(partial + (2 * CHUNK + dims)[:, None] * ROWS + r[None, :], acc2 / safe_sum[None, :])
-        tl.store(partial + (3 * CHUNK + dims)[:, None] * ROWS + r[None, :], acc3 / safe_sum[None, :])
+        tl.store(partial + (0 * CHUNK + dims)[None, :] * ROWS + r[:, None], acc0 / safe_sum[:, None])
+        tl.store(partial + (1 * CHUNK + dims)[None, :] * ROWS + r[:, None], acc1 / safe_sum[:, None])
+        tl.store(partial + (2 * CHUNK + dims)[None, :] * ROWS + r[:, None], acc2 / safe_sum[:, None])
+        tl.store(partial + (3 * CHUNK + dims)[None, :] * ROWS + r[:, None], acc3 / safe_sum[:, None])
         tl.store(PARTIAL_LSE + slot * ROWS + r, lse2 + poison)  # a poisoned split's NaN lse makes the merge NaN
         if _last_split_to_finish(SPLIT_TICKETS, pair, NUM_SPLITS):
             first = pair * NUM_SPLITS
@@ -2199,7 +2201,7 @@ def _mla_sparse_kernel(
                 offsets = (t * CHUNK + dims)[:, None] * ROWS + r[None, :]
                 merged_t, merged_lse2 = _merge_splits(PARTIAL_O, PARTIAL_LSE, first, offsets, r, NUM_SPLITS, ROWS,
                                                       LATENT * ROWS)
-                _sparse_store(out_rows, row_ok, merged_t, t, CHUNK)
+                _sparse_store(out_rows, row_ok, tl.trans(merged_t), t, CHUNK)
             _sparse_store_lse(lse_rows, row_ok, merged_lse2)
             tl.atomic_xchg(SPLIT_TICKETS + pair, 0)
 
@@ -5034,8 +5036,7 @@ TRITON_COMPILE_PLANS = {"triton_fp8": triton_fp8_compile_plan, "triton_mxfp4": t
                         "hopper_sparse": hopper_sparse_compile_plan}
 
 
-# the serving routes that exist here: the portable ones everywhere, the Hopper ones on sm_90, aiter's where it loaded
-SERVING_ROUTES = ({"triton_paged", "triton_sparse"} | ({"hopper_paged", "hopper_sparse"} if HOPPER else set())
+SERVING_ROUTES = ({"triton_paged", "triton_sparse"} | ({"hopper_paged", "hopper_sparse"} if HOPPER else set())  # here
                   | (set(AITER_SERVING_ROUTES) if HAVE_AITER else set()))
 # What each route reads and how it is judged, for every route name a table may hold:
 #   kv_format: the kv_data entry it reads; q_format: how it rounds q before Q.K ("fp8": to fp8,

@@ -93,7 +93,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     capacity = k_cache.shape[0] * k_cache.shape[1]
     counted = torch.ones_like(indices, dtype=torch.bool)
     if topk_length is not None:  # entries past a request's topk_length are never read
-        counted = (torch.arange(topk)[None, None, :] < topk_length.to(torch.int64)[:, None, None]).expand(b, s_q, topk)
+        positions = torch.arange(topk, device=indices.device)
+        counted = (positions[None, None, :] < topk_length.to(torch.int64)[:, None, None]).expand(b, s_q, topk)
     if bool(((indices < -1) | (indices >= capacity))[counted].any()):
         _fail("indices", "entries past the cache are not modelled")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
