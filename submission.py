@@ -2105,9 +2105,9 @@ def _mla_sparse_kernel(
     Online softmax in base 2; entries that are skipped, past the split or poisoned are -inf and
     never loaded.
     NUM_SPLITS > 1: each program writes its float32 partial O (dims-major, as _merge_splits reads
-    it) and base-2 lse; the one that draws
-    the last ticket of its (query token, head group) merges the splits (_merge_splits, a 128-dim
-    tile at a time), writes out and lse and resets the ticket for the next call.
+    it) and base-2 lse; the one that draws the last ticket of its (query token, head group) merges
+    the splits (_merge_splits, a 128-dim tile at a time), writes out and lse and resets the ticket
+    for the next call.
     Poison (NaN out and lse for the query): an entry below -1 or past the cache, or its request's
     topk_length outside [0, topk]. Nothing attended: out 0, lse +inf.
     """
