@@ -1047,11 +1047,11 @@ SERVING_ROUTE_TABLE = [
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
     # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: 64 heads a program, so
     # each entry is gathered and dequantised once for them all, 32 entries a tile, both products on wgmma;
-    # three stages keep the index row two tiles ahead (h97; 64 heads spill on gfx950)
+    # three stages keep the index row two tiles ahead; 64 heads spill on gfx950, hence the portable row below
     {"kv": "fp8_sparse", "route": "hopper_sparse",
      "params": {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 3}},
     # the sparse form elsewhere: 16 heads and 16 entries at 8 warps, which compiles without spills for sm_90
-    # and gfx950 (issue 59)
+    # and gfx950
     {"kv": "fp8_sparse", "route": "triton_sparse",
      "params": {"rows": 16, "block_n": 16, "num_warps": 8, "num_stages": 2}},
 ]
