@@ -25,13 +25,15 @@ Kernels, and the cases each serves
                                       custom_kernel's fp8 rows off Hopper, every serving case no
                                       other row takes (another GPU, a cache TMA cannot read)
   _mla_decode_mxfp4_kernel            portable Triton: custom_kernel's mxfp4 rows
-  _mla_sparse_kernel                  portable Triton: the serving API's sparse form, every GPU
+  _mla_sparse_kernel                  portable Triton: the serving API's sparse form off Hopper
   _mla_decode_fp8_hopper_kernel       Hopper: custom_kernel's fp8 rows, tokens as the MMA's M, TMA
   _mla_decode_paged_hopper_kernel     Hopper: serving pages of 64 or 128 tokens below 64 query rows,
                                       tokens as M, TMA
   _mla_decode_gathered_hopper_kernel  Hopper: serving pages of 1-32 tokens, rows gathered by cp.async
   _mla_decode_seesaw_kernel           Hopper: serving pages of 64 or 128 tokens with 64+ query rows,
                                       query rows as M, two compute warpgroups and a loader warp
+  _mla_sparse_hopper_kernel           Hopper: the serving API's sparse form, warp-specialised (a
+                                      producer warpgroup gathering and dequantising, two on wgmma)
   _mla_combine_kernel                 Hopper: the serving kernels' split requests merged
   aiter's kernels                     MI355X: both entry points, where aiter serves the case
 """
@@ -1045,11 +1047,12 @@ SERVING_ROUTE_TABLE = [
     # the portable kernel: every other case, and every GPU and the CPU (h36, h38)
     {"kv": "fp8", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 3}},
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
-    # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: 64 heads a program, so
-    # each entry is gathered and dequantised once for them all, 32 entries a tile, both products on wgmma;
-    # three stages keep the index row two tiles ahead; 64 heads spill on gfx950, hence the portable row below
+    # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: the warp-specialised
+    # kernel, 64 heads a program (rows), so that each entry is gathered and dequantised once for them all;
+    # 32 entries a tile (block_n), three warpgroups of num_warps, a ring of num_stages raw tiles (the
+    # gathers two tiles ahead) beside two bf16 tiles, q and P: 215 KiB of shared memory
     {"kv": "fp8_sparse", "route": "hopper_sparse",
-     "params": {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 3}},
+     "params": {"rows": 64, "block_n": 32, "num_warps": 4, "num_stages": 3}},
     # the sparse form elsewhere: 16 heads and 16 entries at 8 warps, which compiles without spills for sm_90
     # and gfx950
     {"kv": "fp8_sparse", "route": "triton_sparse",
@@ -1096,7 +1099,8 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
     - the kernel: aiter's route where aiter loaded; on Hopper, pages of whole tiles through TMA (the
       seesaw kernel where the row says "seesaw", else the tokens-as-M kernel), shorter pages
       gathered a row per token; elsewhere, and for a cache TMA cannot read, the portable kernel;
-      the sparse form (kv "fp8_sparse"), the portable sparse kernel;
+      the sparse form (kv "fp8_sparse"), the warp-specialised sparse kernel on Hopper, else the
+      portable one;
     - the split count: num_splits where given; Hopper, one chunk per program slot of the GPU
       ("waves" of the programs resident at once); portable, enough programs to fill the GPU twice,
       no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's capacity (tokens), or,
@@ -1120,7 +1124,8 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
             programs = shape.batch * shape.s_q * triton.cdiv(shape.h_q, route_rows(row))
             splits = num_splits or max(1, min(triton.cdiv(_programs_to_fill(device), programs),
                                               shape.topk // SPARSE_SPLIT_MIN_ENTRIES))
-            return ServingRoute(row, _mla_sparse_kernel, splits, False)
+            kernel = _mla_sparse_hopper_kernel if route == "hopper_sparse" else _mla_sparse_kernel
+            return ServingRoute(row, kernel, splits, False)
         if shape.page_size < TMA_TILE:
             kernel = _mla_decode_gathered_hopper_kernel
         else:
@@ -2234,9 +2239,18 @@ def triton_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), t
             for splits in num_splits for has in topk_length]
 
 
-def hopper_sparse_compile_plan(params, fp8_dtype="fp8e4nv"):
-    """The sparse kernel at the Hopper row's params: triton_sparse_compile_plan's compiles, sm_90 only."""
-    return [dict(entry, targets=["sm90"]) for entry in triton_sparse_compile_plan(params, fp8_dtype)]
+def hopper_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), topk_length=(False, True)):
+    """The warp-specialised sparse kernel at the Hopper row's params, sm_90 only: one split and two,
+    with and without topk_length, aligned as triton_sparse_compile_plan's."""
+    del fp8_dtype
+    p = params
+    unaligned = ("sm_scale_log2", "stride_lse_token", "q_len")
+    return [{"kernel": _mla_sparse_hopper_kernel, "signature": dict(_SPARSE_KERNEL_SIGNATURE),
+             "constexprs": {"NUM_SPLITS": splits, "BLOCK_N": p["block_n"], "HAS_TOPK_LENGTH": has,
+                            "STAGES": p["num_stages"], "WARPS": p["num_warps"], "PAGE_SIZE": 64},
+             "aligned_args": [name for name in _SPARSE_KERNEL_SIGNATURE if name not in unaligned],
+             "range32_args": [], "num_warps": p["num_warps"], "num_stages": 1, "targets": ["sm90"]}
+            for splits in num_splits for has in topk_length]
 
 
 # =============================================================================================
@@ -2254,7 +2268,8 @@ def hopper_sparse_compile_plan(params, fp8_dtype="fp8e4nv"):
 # custom_kernel's contiguous rows and for the serving API's pages, read by TMA where a page holds
 # whole tiles and gathered by cp.async where it does not; the seesaw kernel (query rows as M, two
 # compute warpgroups and a loader warp) for the serving API's 64+ query rows on pages of whole
-# tiles; the combine kernel, which merges the serving kernels' split requests.
+# tiles; the sparse form's warp-specialised kernel (DeepSeek-V3.2's top-k entries); the combine
+# kernel, which merges the serving kernels' split requests.
 # =============================================================================================
 try:
     from triton.experimental import gluon
@@ -4050,6 +4065,409 @@ def _mla_decode_seesaw_kernel(
         [4, 1], [240, 32])
 
 
+# --- Hopper: the sparse form, warp-specialised -----------------------------------------------
+# A program takes one query token, 64 heads and one split of its entries, in three warpgroups
+# (the division of FlashMLA's sparse decode; none of its code is used):
+# - the producer gathers each tile's entries by cp.async STAGES - 1 tiles ahead into a ring of
+#   raw rows (fp8 latent values, float32 scales, bf16 rope values), then dequantises the tile into
+#   one of two bf16 tiles (fp8 x a power of two: exact);
+# - warpgroup 0 stages q, then per tile S = Q.K^T over 576 dims (bf16 wgmma), the online softmax,
+#   P published in shared memory, O += P.V for latent dims 0-255;
+# - warpgroup 1 O += P.V for dims 256-511 with warpgroup 0's P and rescale factors.
+# So the gathers' latency, the dequantisation and the products of neighbouring tiles overlap.
+@_constexpr_function
+def _sparse_ws_layouts(block_n):
+    """(S's MMA layout, P.V's, the gathered latent rows' (entries x 512 bytes), the rope's
+    (entries x 64), the scales' (entries x 4), a latent chunk's (entries x 128), q's (heads x
+    128)) for a warpgroup, 16 bytes a thread. The producer's copies and its dequantisation hold an
+    entry's row in the same threads (lanes 8 r .. 8 r + 7 of a warp hold row r's bytes, 2 rows a
+    thread), so that one set of row offsets serves them all with no layout conversion."""
+    return (gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 16]),
+            gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]),
+            gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]),
+            gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]),
+            gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]),
+            gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]),
+            gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def _sparse_ws_entries(IDX_ROW, t, split_begin, split_end, capacity, stride_kv_block, LAYOUT: gl.constexpr,
+                       BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Tile t's entries in LAYOUT: (each valid entry's byte offset in the cache, valid, bad), as
+    _sparse_entries: -1 and positions past the split are not valid; below -1 or past the cache bad.
+    The page size is a constant: a block id and an offset without a division."""
+    positions = split_begin + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=LAYOUT)
+    in_split = positions < split_end
+    entry = gl.load(IDX_ROW + positions, mask=in_split, other=-1)
+    valid = in_split & (entry >= 0) & (entry < capacity)
+    bad = in_split & ((entry < -1) | (entry >= capacity))
+    safe = gl.where(valid, entry, 0)
+    rows = (safe // PAGE_SIZE).to(gl.int64) * stride_kv_block + (safe % PAGE_SIZE).to(gl.int64) * 656
+    return rows, valid, bad
+
+
+@gluon.jit
+def _sparse_ws_gather(KV8, KV16, KV32, rows, valid, ring, slot, BLOCK_N: gl.constexpr):
+    """cp.async of a tile's rows (byte offsets `rows`, in the latent copy's layout) into ring slot
+    `slot`: 512 latent bytes, 64 rope values and 4 scales a row; a row not valid lands as zeros and
+    reads nothing. One commit group."""
+    raw, raw_rope, raw_scale = ring
+    LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
+    LAT_L: gl.constexpr = LAYOUTS[2]
+    ROPE_L: gl.constexpr = LAYOUTS[3]
+    SCALE_L: gl.constexpr = LAYOUTS[4]
+    cols = gl.arange(0, 512, layout=gl.SliceLayout(0, LAT_L))
+    async_copy.async_copy_global_to_shared(raw.index(slot), KV8 + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0),
+                                           gl.expand_dims(valid, 1))
+    rope_rows = gl.convert_layout(rows, gl.SliceLayout(1, ROPE_L))
+    rope_valid = gl.convert_layout(valid, gl.SliceLayout(1, ROPE_L))
+    dims = gl.arange(0, 64, layout=gl.SliceLayout(0, ROPE_L))
+    async_copy.async_copy_global_to_shared(raw_rope.index(slot),
+                                           KV16 + gl.expand_dims(rope_rows // 2 + 264, 1) + gl.expand_dims(dims, 0),
+                                           gl.expand_dims(rope_valid, 1))
+    scale_rows = gl.convert_layout(rows, gl.SliceLayout(1, SCALE_L))
+    scale_valid = gl.convert_layout(valid, gl.SliceLayout(1, SCALE_L))
+    tiles = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L))
+    async_copy.async_copy_global_to_shared(raw_scale.index(slot),
+                                           KV32 + gl.expand_dims(scale_rows // 4 + 128, 1) + gl.expand_dims(tiles, 0),
+                                           gl.expand_dims(scale_valid, 1))
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _sparse_ws_dequantise(ring, slot, kbuf, krope, buf, BLOCK_N: gl.constexpr):
+    """Ring slot `slot`'s raw rows into bf16 tile `buf`: each latent chunk of 128 times its row's
+    scale (exact: an fp8 value times a power of two), the rope values as they are."""
+    raw, raw_rope, raw_scale = ring
+    LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
+    ROPE_L: gl.constexpr = LAYOUTS[3]
+    CHUNK_L: gl.constexpr = LAYOUTS[5]
+    SCALES_L: gl.constexpr = LAYOUTS[4]  # a row's 4 scales in each thread of the row
+    scales = raw_scale.index(slot).load(SCALES_L)
+    tiles = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES_L)), 0)
+    for c in gl.static_range(4):
+        scale = gl.convert_layout(gl.sum(gl.where(tiles == c, scales, 0.0), 1), gl.SliceLayout(1, CHUNK_L))
+        k = raw.index(slot).slice(c * 128, 128, dim=1).load(CHUNK_L)
+        kbuf.index(4 * buf + c).store((k.to(gl.float32) * gl.expand_dims(scale, 1)).to(gl.bfloat16))
+    krope.index(buf).store(raw_rope.index(slot).load(ROPE_L))
+
+
+@gluon.jit
+def _sparse_ws_producer(cache, ring, tiles, bars, entries, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                        PAGE_SIZE: gl.constexpr):
+    """The producer warpgroup: the ring's STAGES - 1 first tiles' gathers, then per tile t: wait
+    for its copies (every thread's), gather tile t + STAGES - 1 into the slot tile t - 1 left, wait
+    until both compute warpgroups released bf16 tile t % 2 (tile t - 2's), dequantise into it and
+    arrive on its `ready`. Entry rows are read a tile before their gathers."""
+    KV8, KV16, KV32 = cache
+    kbuf, krope = tiles
+    ready, free = bars
+    idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
+    LAT_ROWS: gl.constexpr = gl.SliceLayout(1, _sparse_ws_layouts(BLOCK_N)[2])
+    for s in gl.static_range(STAGES - 1):
+        rows, valid, _ = _sparse_ws_entries(idx_row, s, split_begin, split_end, capacity, stride_kv_block, LAT_ROWS,
+                                            BLOCK_N, PAGE_SIZE)
+        _sparse_ws_gather(KV8, KV16, KV32, rows, valid, ring, s, BLOCK_N)
+    rows, valid, _ = _sparse_ws_entries(idx_row, STAGES - 1, split_begin, split_end, capacity, stride_kv_block,
+                                        LAT_ROWS, BLOCK_N, PAGE_SIZE)
+    for t in range(num_tiles):
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()
+        _sparse_ws_gather(KV8, KV16, KV32, rows, valid, ring, (t + STAGES - 1) % STAGES, BLOCK_N)
+        rows, valid, _ = _sparse_ws_entries(idx_row, t + STAGES, split_begin, split_end, capacity, stride_kv_block,
+                                            LAT_ROWS, BLOCK_N, PAGE_SIZE)
+        buf = t % 2
+        mbarrier.wait(free.index(buf), ((t // 2) & 1) ^ 1, pred=t >= 2)
+        _sparse_ws_dequantise(ring, t % STAGES, kbuf, krope, buf, BLOCK_N)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ready.index(buf), count=1)
+    async_copy.wait_group(0)
+
+
+@gluon.jit
+def _sparse_ws_store(values, base, heads, row_ok, c: gl.constexpr, LAYOUT: gl.constexpr):
+    """base[heads[h] + c * 128 + d] = values[h, d] for the rows in row_ok (values in LAYOUT)."""
+    dims = gl.arange(0, 128, layout=gl.SliceLayout(0, LAYOUT))
+    gl.store(base + gl.expand_dims(heads, 1) + c * 128 + gl.expand_dims(dims, 0), values.to(base.dtype.element_ty),
+             mask=gl.expand_dims(row_ok, 1))
+
+
+@gluon.jit
+def _sparse_ws_out(acc_a, acc_b, scale, first: gl.constexpr, dest, rows, row_ok, O_MMA: gl.constexpr):
+    """A warpgroup's two 128-dim chunks (first, first + 1), times its rows' scale, to
+    dest + rows[h] + the chunk's dims, for the rows in row_ok."""
+    factor = gl.expand_dims(scale, 1)
+    _sparse_ws_store(acc_a * factor, dest, rows, row_ok, first, O_MMA)
+    _sparse_ws_store(acc_b * factor, dest, rows, row_ok, first + 1, O_MMA)
+
+
+@gluon.jit
+def _sparse_ws_stage_q(q_lat, q_rope, q_row, group, num_heads, stride_q_head, BLOCK_N: gl.constexpr):
+    """The program's 64 heads of q (bf16, as they are) into shared memory; heads past num_heads 0."""
+    LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
+    ROPE_L: gl.constexpr = LAYOUTS[3]
+    Q_L: gl.constexpr = LAYOUTS[6]
+    heads = group * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, Q_L))
+    rows = gl.expand_dims(q_row + heads * stride_q_head, 1)
+    dims = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, Q_L)), 0)
+    for c in gl.static_range(4):
+        q_lat.index(c).store(gl.load(rows + c * 128 + dims, mask=gl.expand_dims(heads < num_heads, 1), other=0.0))
+    heads_r = group * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ROPE_L))
+    rope_dims = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ROPE_L)), 0)
+    q_rope.store(gl.load(gl.expand_dims(q_row + heads_r * stride_q_head, 1) + 512 + rope_dims,
+                         mask=gl.expand_dims(heads_r < num_heads, 1), other=0.0))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _sparse_ws_scores(q_lat, q_rope, kbuf, krope, buf, S_MMA: gl.constexpr):
+    """S = Q.K^T of bf16 tile `buf` (64 heads x the tile's entries): rope and 4 latent chunks, issued."""
+    BLOCK_N: gl.constexpr = krope.shape[1]
+    s = warpgroup_mma(q_rope, krope.index(buf).permute((1, 0)), gl.zeros([64, BLOCK_N], gl.float32, S_MMA),
+                      is_async=True)
+    for c in gl.static_range(4):
+        s = warpgroup_mma(q_lat.index(c), kbuf.index(4 * buf + c).permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _sparse_ws_pv(p_buf, kbuf, buf, first: gl.constexpr, acc_a, acc_b, factor):
+    """acc_a, acc_b (latent chunks first, first + 1) rescaled by `factor`, plus P.V of bf16 tile
+    `buf`, waited for."""
+    acc_a = acc_a * factor
+    acc_b = acc_b * factor  # both before the MMAs: registers an MMA in flight writes are not touched
+    acc_a = warpgroup_mma(p_buf, kbuf.index(4 * buf + first), acc_a, is_async=True)
+    acc_b = warpgroup_mma(p_buf, kbuf.index(4 * buf + first + 1), acc_b, is_async=True)
+    return warpgroup_mma_wait(0, deps=(acc_a, acc_b))
+
+
+@gluon.jit
+def _sparse_ws_main(smem, bars, io, entries, sm_scale_log2, poison, query_args, NUM_SPLITS: gl.constexpr,
+                    BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Warpgroup 0: q staged, then per tile S, the online softmax (base 2; skipped, out-of-split and
+    bad entries -inf), P and its rescale factors published (p_ready) in the buffer warpgroup 1
+    released two tiles before (p_free), O += P.V for dims 0-255, the bf16 tile released (free).
+    Then the rows' output scale (and, several splits, its partial stored: `stored`) published on
+    `fin`; out and lse, or the split's partial and lse, and the merge when this split is the last."""
+    LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
+    S_MMA: gl.constexpr = LAYOUTS[0]
+    O_MMA: gl.constexpr = LAYOUTS[1]
+    S_ROW: gl.constexpr = gl.SliceLayout(1, S_MMA)
+    O_ROW: gl.constexpr = gl.SliceLayout(1, O_MMA)
+    q_lat, q_rope, kbuf, krope, p_smem, c_smem, o_scale = smem
+    ready, free, p_ready, p_free, fin, stored = bars
+    OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS = io
+    idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
+    q_row, out_row, lse_row, group, pair, split, num_heads, stride_q_head, stride_o_head, stride_lse_head = query_args
+    _sparse_ws_stage_q(q_lat, q_rope, q_row, group, num_heads, stride_q_head, BLOCK_N)
+
+    running_max = gl.full([64], float("-inf"), gl.float32, layout=S_ROW)
+    running_sum = gl.zeros([64], gl.float32, layout=S_ROW)
+    bad_any = gl.zeros([BLOCK_N], gl.int32, layout=gl.SliceLayout(0, S_MMA))
+    acc0 = gl.zeros([64, 128], gl.float32, O_MMA)
+    acc1 = gl.zeros([64, 128], gl.float32, O_MMA)
+    _, valid, bad = _sparse_ws_entries(idx_row, 0, split_begin, split_end, capacity, stride_kv_block,
+                                       gl.SliceLayout(0, S_MMA), BLOCK_N, PAGE_SIZE)
+    for t in range(num_tiles):
+        buf = t % 2
+        mbarrier.wait(ready.index(buf), (t // 2) & 1)
+        scores = _sparse_ws_scores(q_lat, q_rope, kbuf, krope, buf, S_MMA)
+        # the next tile's entries while the MMAs run
+        _, next_valid, next_bad = _sparse_ws_entries(idx_row, t + 1, split_begin, split_end, capacity,
+                                                     stride_kv_block, gl.SliceLayout(0, S_MMA), BLOCK_N,
+                                                     PAGE_SIZE)
+        scores = warpgroup_mma_wait(0, deps=(scores,))
+        bad_any = bad_any | bad.to(gl.int32)
+        # online softmax in base 2; a tile of skipped entries leaves a row at -inf: shift it by 0
+        scores = gl.where(gl.expand_dims(valid, 0), scores * sm_scale_log2, float("-inf"))
+        valid = next_valid
+        bad = next_bad
+        new_max = gl.maximum(running_max, gl.max(scores, 1))
+        shift = gl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = gl.exp2(running_max - shift)
+        probs = gl.exp2(scores - gl.expand_dims(shift, 1))
+        running_sum = running_sum * correction + gl.sum(probs, 1)
+        running_max = new_max
+        # publish P and the factors in the buffer warpgroup 1 released (tile t - 2's)
+        mbarrier.wait(p_free.index(buf), ((t // 2) & 1) ^ 1, pred=t >= 2)
+        p_smem.index(buf).store(probs.to(gl.bfloat16))
+        c_smem.index(buf).store(correction)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p_ready.index(buf), count=1)
+        factor = gl.expand_dims(gl.convert_layout(correction, O_ROW), 1)
+        acc0, acc1 = _sparse_ws_pv(p_smem.index(buf), kbuf, buf, 0, acc0, acc1, factor)
+        gl.thread_barrier()  # every warp's MMAs have read the tile
+        mbarrier.arrive(free.index(buf), count=1)
+
+    # The epilogue: one split writes out and lse; several write partials that the last merges.
+    poison = poison + gl.where(gl.max(bad_any, 0) > 0, float("nan"), 0.0)
+    has_tokens = running_sum != 0
+    safe_sum = gl.where(has_tokens, running_sum, 1.0)
+    lse2 = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf")) + poison
+    if NUM_SPLITS == 1:
+        scale = gl.where(has_tokens, 1.0 / safe_sum, 0.0) + poison
+    else:
+        scale = 1.0 / safe_sum
+    o_scale.store(scale)
+    gl.thread_barrier()
+    mbarrier.arrive(fin, count=1)
+    heads = group * 64 + gl.arange(0, 64, layout=O_ROW)
+    row_ok = heads < num_heads
+    lse_heads = group * 64 + gl.arange(0, 64, layout=S_ROW)
+    if NUM_SPLITS == 1:
+        _sparse_ws_out(acc0, acc1, gl.convert_layout(scale, O_ROW), 0, out_row, heads * stride_o_head, row_ok, O_MMA)
+        gl.store(lse_row + lse_heads * stride_lse_head, _natural_lse(lse2), mask=lse_heads < num_heads)
+    else:
+        slot_id = pair * NUM_SPLITS + split
+        local = gl.arange(0, 64, layout=O_ROW) * 512
+        _sparse_ws_out(acc0, acc1, gl.convert_layout(scale, O_ROW), 0, PARTIAL_O + slot_id.to(gl.int64) * (512 * 64),
+                       local, local >= 0, O_MMA)
+        gl.store(PARTIAL_LSE + slot_id * 64 + gl.arange(0, 64, layout=S_ROW), lse2)
+        mbarrier.wait(stored, 0)  # warpgroup 1's half of the partial is stored
+        gl.thread_barrier()  # every thread's partial stores precede the ticket's release
+        if gl.atomic_add(SPLIT_TICKETS + pair, 1, sem="acq_rel") == NUM_SPLITS - 1:
+            SLICE: gl.constexpr = 512 // triton.next_power_of_2(NUM_SPLITS)
+            first = pair * NUM_SPLITS
+            for dim_begin in range(0, 512, SLICE):
+                _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first, dim_begin, kv_scale=1.0, WARPS=4,
+                             NUM_SPLITS=NUM_SPLITS, SLICE=SLICE, NUM_HEADS=64, LATENT=512, rows=heads * stride_o_head,
+                             row_ok=row_ok)
+            LSE_L: gl.constexpr = _split_lse_layout(rows=64, warps=4)
+            splits = gl.expand_dims(gl.arange(0, triton.next_power_of_2(NUM_SPLITS), layout=gl.SliceLayout(1, LSE_L)),
+                                    1)
+            merge_heads = gl.arange(0, 64, layout=gl.SliceLayout(0, LSE_L))
+            parts = gl.load(PARTIAL_LSE + (first + splits) * 64 + gl.expand_dims(merge_heads, 0),
+                            mask=splits < NUM_SPLITS, other=float("-inf"), cache_modifier=".cg")
+            top = gl.max(parts, 0)
+            top = gl.where(top == float("-inf"), 0.0, top)
+            merged = top + gl.log2(gl.sum(gl.exp2(parts - gl.expand_dims(top, 0)), 0))
+            heads_lse = group * 64 + merge_heads
+            gl.store(lse_row + heads_lse * stride_lse_head, _natural_lse(merged), mask=heads_lse < num_heads)
+            gl.atomic_xchg(SPLIT_TICKETS + pair, 0)
+
+
+@gluon.jit
+def _sparse_ws_second(smem, bars, io, entries, query_args, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Warpgroup 1: per tile, once P is published (p_ready) and the tile is in (ready), its
+    accumulators rescaled and O += P.V for dims 256-511; P's buffer (p_free) and the tile (free)
+    released. Then, on `fin`, its dims of out or of the split's partial (`stored`)."""
+    O_MMA: gl.constexpr = _sparse_ws_layouts(BLOCK_N)[1]
+    O_ROW: gl.constexpr = gl.SliceLayout(1, O_MMA)
+    q_lat, q_rope, kbuf, krope, p_smem, c_smem, o_scale = smem
+    ready, free, p_ready, p_free, fin, stored = bars
+    OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS = io
+    num_tiles = entries[3]
+    q_row, out_row, lse_row, group, pair, split, num_heads, stride_q_head, stride_o_head, stride_lse_head = query_args
+    acc2 = gl.zeros([64, 128], gl.float32, O_MMA)
+    acc3 = gl.zeros([64, 128], gl.float32, O_MMA)
+    for t in range(num_tiles):
+        buf = t % 2
+        mbarrier.wait(p_ready.index(buf), (t // 2) & 1)
+        mbarrier.wait(ready.index(buf), (t // 2) & 1)
+        factor = gl.expand_dims(c_smem.index(buf).load(O_ROW), 1)
+        acc2, acc3 = _sparse_ws_pv(p_smem.index(buf), kbuf, buf, 2, acc2, acc3, factor)
+        gl.thread_barrier()  # every warp's MMAs have read P and the tile
+        mbarrier.arrive(p_free.index(buf), count=1)
+        mbarrier.arrive(free.index(buf), count=1)
+    mbarrier.wait(fin, 0)
+    scale = o_scale.load(O_ROW)
+    if NUM_SPLITS == 1:
+        heads = group * 64 + gl.arange(0, 64, layout=O_ROW)
+        _sparse_ws_out(acc2, acc3, scale, 2, out_row, heads * stride_o_head, heads < num_heads, O_MMA)
+    else:
+        slot_id = pair * NUM_SPLITS + split
+        local = gl.arange(0, 64, layout=O_ROW) * 512
+        _sparse_ws_out(acc2, acc3, scale, 2, PARTIAL_O + slot_id.to(gl.int64) * (512 * 64), local, local >= 0, O_MMA)
+        gl.thread_barrier()
+        mbarrier.arrive(stored, count=1)
+
+
+@gluon.jit
+def _mla_sparse_hopper_kernel(
+    Q, KV8, KV32, KV16, INDICES, TOPK_LENGTH, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
+    sm_scale_log2, capacity, page_size, num_heads, q_len, topk,
+    stride_q_batch, stride_q_token, stride_q_head, stride_kv_block, stride_idx_batch, stride_idx_token,
+    stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
+    NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, STAGES: gl.constexpr,
+    WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+):
+    """_mla_sparse_kernel's contract (arguments, grid, splits, poison, partials merged by the last
+    split) at 64 heads a program on Hopper, warp-specialised: see the section's comment. PAGE_SIZE
+    is page_size's value."""
+    gl.static_assert(WARPS == 4, "three warpgroups of 4 warps: the launch's 4 are warpgroup 0")
+    query = gl.program_id(0)
+    split = gl.program_id(1)
+    group = gl.program_id(2)
+    batch = query // q_len
+    q_token = query % q_len
+
+    # The query's entries: the first topk_length[batch] of its row (a bad length poisons them all),
+    # cut into NUM_SPLITS whole-tile chunks.
+    length = topk
+    if HAS_TOPK_LENGTH:
+        length = gl.load(TOPK_LENGTH + batch)
+    poison = gl.where((length < 0) | (length > topk), float("nan"), 0.0)
+    length = gl.where(poison != poison, 0, length)
+    split_len = gl.cdiv(gl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_begin = gl.minimum(split * split_len, length)
+    split_end = gl.minimum(split_begin + split_len, length)
+    num_tiles = gl.cdiv(split_end - split_begin, BLOCK_N)
+    idx_row = INDICES + batch.to(gl.int64) * stride_idx_batch + q_token * stride_idx_token
+    entries = (idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block)
+    query_args = (Q + batch.to(gl.int64) * stride_q_batch + q_token * stride_q_token,
+                  OUT + batch.to(gl.int64) * stride_o_batch + q_token * stride_o_token,
+                  LSE + batch.to(gl.int64) * stride_lse_batch + q_token * stride_lse_token,
+                  group, query * gl.num_programs(2) + group, split, num_heads, stride_q_head, stride_o_head,
+                  stride_lse_head)
+
+    FLAT2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    FLAT1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    BAR: gl.constexpr = mbarrier.MBarrierLayout()
+    raw = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 512], FLAT2)
+    raw_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], FLAT2)
+    raw_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], FLAT2)
+    kbuf = gl.allocate_shared_memory(gl.bfloat16, [8, BLOCK_N, 128],
+                                     gl.NVMMASharedLayout.get_default_for([BLOCK_N, 128], gl.bfloat16))
+    krope = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64],
+                                      gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16))
+    q_lat = gl.allocate_shared_memory(gl.bfloat16, [4, 64, 128],
+                                      gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16))
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64],
+                                                                                                   gl.bfloat16))
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 64, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([64, BLOCK_N], gl.bfloat16))
+    c_smem = gl.allocate_shared_memory(gl.float32, [2, 64], FLAT1)
+    o_scale = gl.allocate_shared_memory(gl.float32, [64], FLAT1)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    free = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    fin = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    stored = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(free.index(i), count=2)
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=1)
+    mbarrier.init(fin, count=1)
+    mbarrier.init(stored, count=1)
+    gl.thread_barrier()
+    smem = (q_lat, q_rope, kbuf, krope, p_smem, c_smem, o_scale)
+    bars = (ready, free, p_ready, p_free, fin, stored)
+    io = (OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS)
+    gl.warp_specialize([
+        (_sparse_ws_main, (smem, bars, io, entries, sm_scale_log2, poison, query_args, NUM_SPLITS, BLOCK_N,
+                            PAGE_SIZE)),
+        (_sparse_ws_second, (smem, bars, io, entries, query_args, NUM_SPLITS, BLOCK_N)),
+        (_sparse_ws_producer, ((KV8, KV16, KV32), (raw, raw_rope, raw_scale), (kbuf, krope), (ready, free), entries,
+                               STAGES, BLOCK_N, PAGE_SIZE))],
+        [4, 4], [168, 96])
+
+
 # --- Hopper: the combine kernel (the serving kernels' split requests merged) -----------------
 @_constexpr_function
 def _split_lse_layout(rows, warps):
@@ -5117,7 +5535,7 @@ def _prepare_call(plan, shape, q, k_cache, block_table, softmax_scale):
     elif plan.shape != shape:
         raise ValueError(f"plan was filled for (batch, s_q, h_q, page_size, kv, causal) = {tuple(plan.shape)}, "
                          f"this call is {tuple(shape)}: use one plan per shape")
-    if plan.kernel is _mla_sparse_kernel:
+    if shape.kv == "fp8_sparse":
         return _sparse_call(plan, SM_SCALE if softmax_scale is None else softmax_scale)
     if plan.kernel is None:  # aiter's route (MI355X)
         def run_aiter(q, k_cache, block_table, cache_seqlens, k_scale):
@@ -5312,8 +5730,8 @@ SERVING_LAUNCHES = {"triton_paged": _portable_launch, "hopper_paged": _hopper_la
 
 
 def _sparse_call(plan, sm_scale):
-    """The sparse form's calls on a plan: fresh out and lse, then _mla_sparse_kernel (launch()'s
-    own direct path from the second call of a shape on)."""
+    """The sparse form's calls on a plan: fresh out and lse, then the plan's sparse kernel
+    (launch()'s own direct path from the second call of a shape on)."""
     def run(q, k_cache, indices, topk_length, _):
         if q.stride(3) != 1:
             q = q.contiguous()
@@ -5326,9 +5744,10 @@ def _sparse_call(plan, sm_scale):
 
 
 def _sparse_launch(plan, q, k_cache, indices, topk_length, out, lse, sm_scale):
-    """_mla_sparse_kernel for one call, on the plan's split count and workspace: grid (query tokens
-    of the batch, splits, head groups); the cache's bytes seen as fp8, float32 and bf16 (its
-    tokens' latent values, scales and rope values)."""
+    """The plan's sparse kernel (_mla_sparse_kernel or _mla_sparse_hopper_kernel) for one call, on
+    the plan's split count and workspace: grid (query tokens of the batch, splits, head groups);
+    the cache's bytes seen as fp8, float32 and bf16 (its tokens' latent values, scales and rope
+    values)."""
     shape, params = plan.shape, plan.route["params"]
     partial_o, partial_lse, tickets = plan.workspace
     cache = k_cache.select(2, 0)  # (num_blocks, page, 656): the head dimension's stride plays no part
@@ -5337,10 +5756,16 @@ def _sparse_launch(plan, q, k_cache, indices, topk_length, out, lse, sm_scale):
     scalars = (sm_scale * LOG2E, k_cache.shape[0] * shape.page_size, shape.page_size, shape.h_q, shape.s_q, shape.topk,
                q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), indices.stride(0), indices.stride(1),
                out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
-    constexprs = {"NUM_SPLITS": plan.num_splits, "BLOCK_N": params["block_n"], "ROWS": params["rows"],
-                  "HAS_TOPK_LENGTH": topk_length is not None}
-    launch(_mla_sparse_kernel, (shape.batch * shape.s_q, plan.num_splits, triton.cdiv(shape.h_q, params["rows"])),
-           tensors, scalars, constexprs, params["num_warps"], params["num_stages"])
+    grid = (shape.batch * shape.s_q, plan.num_splits, triton.cdiv(shape.h_q, params["rows"]))
+    if plan.kernel is _mla_sparse_hopper_kernel:  # its stages are the gather ring's, not the pipeliner's
+        constexprs = {"NUM_SPLITS": plan.num_splits, "BLOCK_N": params["block_n"],
+                      "HAS_TOPK_LENGTH": topk_length is not None, "STAGES": params["num_stages"],
+                      "WARPS": params["num_warps"], "PAGE_SIZE": shape.page_size}
+        launch(_mla_sparse_hopper_kernel, grid, tensors, scalars, constexprs, params["num_warps"], 1)
+    else:
+        constexprs = {"NUM_SPLITS": plan.num_splits, "BLOCK_N": params["block_n"], "ROWS": params["rows"],
+                      "HAS_TOPK_LENGTH": topk_length is not None}
+        launch(_mla_sparse_kernel, grid, tensors, scalars, constexprs, params["num_warps"], params["num_stages"])
 
 
 # =============================================================================================

@@ -6,7 +6,8 @@
 #      then pytest over tests/ (or TESTS="pytest arguments"; SUITE_SECONDS at most);
 #   3. bench/sparse_peers.py with SPARSE_VARIANTS="FILE ..." (patched submission.py files) beside ours.
 #   VARIANT_TESTS="FILE ...": beside step 2, VARIANT_TEST_FILES (default: the sparse form's tests) run
-#   against each FILE as submission.py in a copy of the tree ($OUT/variant_tests_NAME.txt).
+#   against each FILE as submission.py in a copy of the tree ($OUT/variant_tests_NAME.txt); with
+#   VARIANT_GATE=1 a variant whose tests failed or ran out of time is left out of step 3.
 #
 #   bash lab/device/suite_and_sparse.sh [SECONDS]      (the whole call's budget, default 560)
 source "$(dirname "$0")/common.sh" "$@"  # BUDGET, START, left, OUT; device.txt
@@ -35,6 +36,14 @@ echo "suite rc=$? at $(( $(date +%s) - START )) s"; tail -n 25 "$OUT/suite.txt"
 wait
 tail -n 3 "$OUT/build_sparse.log"
 for f in "$OUT"/variant_tests_*.txt; do [ -e "$f" ] && { echo "== $f"; tail -n 4 "$f"; }; done
+if [ -n "${VARIANT_GATE:-}" ]; then  # VARIANT_GATE=1: a variant whose tests failed or hung is not timed
+  kept=""
+  for v in ${SPARSE_VARIANTS:-}; do
+    id=$(basename "$v" .py); f="$OUT/variant_tests_$id.txt"
+    if [ -e "$f" ] && ! grep -q "$id tests rc=0 " "$f"; then echo "$id not timed: its tests failed"; else kept="$kept $v"; fi
+  done
+  SPARSE_VARIANTS=$kept
+fi
 
 # 3. the sparse form's speed
 sparse_timing $(( $(left) - 10 ))

@@ -134,6 +134,14 @@ def spans_spill_outside_tile_loops(record):
             and record.get("hot_loop_locals") is not None and record["hot_loop_locals"] <= allowed)
 
 
+def merge_spills_outside_tile_loops(record):
+    """The warp-specialised sparse kernel with several splits: the merge of the splits, which its
+    warpgroup 0 runs after the tile loop when its split is the last, reloads a few values there
+    (ptxas, within the warpgroup's registers); allowed where the tile loops hold no spill code."""
+    return (record["target"] == "sm90" and record.get("kernel") == "_mla_sparse_hopper_kernel"
+            and (record.get("constexprs") or {}).get("NUM_SPLITS", 1) > 1 and record.get("hot_loop_locals") == 0)
+
+
 def tile_loop_spills(kernel, bf16):
     """The local loads and stores a span kernel's tile loops may hold (also test_hopper_route's): the
     seesaw kernel's pair-loop allowance for a bf16 or an fp8 cache, the tokens-as-M kernels' one."""
@@ -145,7 +153,8 @@ def tile_loop_spills(kernel, bf16):
 @pytest.mark.parametrize("target", BAR_TARGETS)
 def test_no_spills_no_scratch(report, target):
     bad = [kr.describe_record(r) for r in compiled(report, target)
-           if not (r["spill_parsed"] and (r["spill_free"] or spans_spill_outside_tile_loops(r)))]
+           if not (r["spill_parsed"] and (r["spill_free"] or spans_spill_outside_tile_loops(r)
+                                          or merge_spills_outside_tile_loops(r)))]
     assert not bad, (f"{target}: configs that spill or use scratch (choose another num_warps / BLOCK_N / "
                      "num_stages in the route table):\n" + "\n".join(bad))
 

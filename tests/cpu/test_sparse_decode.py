@@ -91,19 +91,19 @@ def test_the_grid(heads, s_q, page, topk, kvseqlen, varlen, topk_length, zeros, 
         assert plan.num_splits == splits
 
 
-@pytest.mark.parametrize("heads,s_q,page,topk,kvseqlen,varlen,topk_length,zeros,splits",
-                         [GRID[2], GRID[3], (40, 2, 1, 64, 90, True, True, 1, 3)])
-def test_the_hopper_rows_params_on_any_device(monkeypatch, heads, s_q, page, topk, kvseqlen, varlen, topk_length,
-                                              zeros, splits):
-    """sm_90's sparse row (more heads a program than the portable row) taken where it is not the route:
-    the same kernel at those params, right with masked heads, one and several splits."""
+def test_the_hopper_row_plans_the_warp_specialised_kernel(monkeypatch):
+    """sm_90's sparse row, where it is the route, plans _mla_sparse_hopper_kernel at 64 heads a program
+    (Gluon: the interpreter cannot run it, tests/gpu/test_sparse_gpu.py does), splitting no query's
+    entries below SPARSE_SPLIT_MIN_ENTRIES; without the row the portable kernel serves."""
     monkeypatch.setattr(S, "SERVING_ROUTES", S.SERVING_ROUTES | {"hopper_sparse"})
-    inputs = make(2 + zeros, s_q, heads, page, kvseqlen, topk, seed=heads + topk + page + 1, varlen=varlen,
-                  topk_length=topk_length, zeros=zeros)
-    plan = plan_of(splits)
-    out, lse = run(inputs, plan)
-    assert plan.route["route"] == "hopper_sparse" and plan.route["params"]["rows"] > 16
-    assert_right(inputs, out, lse)
+    shape = S.PlanShape(2, 2, 128, 64, "fp8_sparse", False, 2048)
+    route = S.serving_route(shape, None, 0)
+    assert route.row["route"] == "hopper_sparse" and route.kernel is S._mla_sparse_hopper_kernel
+    assert S.route_rows(route.row) == 64
+    assert 1 <= route.num_splits <= 2048 // S.SPARSE_SPLIT_MIN_ENTRIES
+    portable = S.serving_route(shape, None, 0, table=[row for row in S.SERVING_ROUTE_TABLE
+                                                      if row["route"] != "hopper_sparse"])
+    assert portable.kernel is S._mla_sparse_kernel and portable.row["route"] == "triton_sparse"
 
 
 def test_odd_heads_eight_query_tokens_an_odd_page_and_a_scale():
@@ -307,18 +307,21 @@ from tools import kernel_report as K
 import submission as S
 spec = K.TARGETS[sys.argv[1]]
 params = next(row["params"] for row in S.SERVING_ROUTE_TABLE if row["route"] == sys.argv[2])
-(entry,) = S.triton_sparse_compile_plan(params, num_splits=(2,), topk_length=(True,))
+(entry,) = S.TRITON_COMPILE_PLANS[sys.argv[2]](params, num_splits=(2,), topk_length=(True,))
 facts, _ = K.compile_and_analyse(*K.complete_plan_entry(entry, spec), spec)
-print(json.dumps({"spills": facts["spills"], "mma": facts["mma"]["loop_count"]}))
+print(json.dumps({"spills": facts["spills"], "mma": facts["mma"]["loop_count"],
+                  "loop_locals": facts.get("hot_loop_locals")}))
 """
 
 
 @pytest.mark.parametrize("target,route", [("sm90", "triton_sparse"), ("gfx950", "triton_sparse"),
                                           ("gfx942", "triton_sparse"), ("sm90", "hopper_sparse")])
 def test_the_kernel_compiles_for_the_gpus(tmp_path, target, route):
-    """Each sparse row's configuration (the portable one everywhere, the wide one on sm_90), with
-    splits and topk_length, compiled as tools/kernel_report.py compiles (a process per target, no
-    interpreter, a fresh cache): bf16 MMAs in the tile loop, and on sm_90 no spills."""
+    """Each sparse row's configuration (the portable kernel everywhere, the warp-specialised one on
+    sm_90), with splits and topk_length, compiled as tools/kernel_report.py compiles (a process per
+    target, no interpreter, a fresh cache): bf16 MMAs in the tile loop; on sm_90 the portable kernel
+    spills nothing and the warp-specialised one nothing in its tile loops (its merge of the splits,
+    after them, may)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -327,5 +330,7 @@ def test_the_kernel_compiles_for_the_gpus(tmp_path, target, route):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["mma"] > 0
-    if target == "sm90":
+    if route == "hopper_sparse":
+        assert result["loop_locals"] == 0, result
+    elif target == "sm90":
         assert result["spills"]["spill_store_bytes"] == 0, result

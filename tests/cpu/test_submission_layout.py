@@ -33,7 +33,8 @@ SECTIONS = (  # titles (their first words) in reading order: each part after wha
     "Candidate race",
 )
 HOPPER_PARTS = ("Hopper: shared helpers", "Hopper: the schedule", "Hopper: the tokens-as-M kernels",
-                "Hopper: the seesaw kernel", "Hopper: the combine kernel", "Hopper: host side")
+                "Hopper: the seesaw kernel", "Hopper: the sparse form", "Hopper: the combine kernel",
+                "Hopper: host side")
 MAX_PARAMETERS = 24  # any function but a kernel entry
 MAX_KERNEL_PARAMETERS = 40  # a kernel entry (a @jit function named *_kernel)
 HISTORY = re.compile(r"NOTES\.md|\bh\d{1,3}[a-z]?\b|\bv\d-v\d\b")
