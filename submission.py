@@ -4108,30 +4108,28 @@ def _sparse_ws_entries(IDX_ROW, t, split_begin, split_end, capacity, stride_kv_b
 
 
 @gluon.jit
+def _sparse_ws_copy(dest, base, rows, valid, first, WIDTH: gl.constexpr, LAYOUT: gl.constexpr):
+    """cp.async of elements [first, first + WIDTH) of each valid row (rows: element offsets from
+    base) into dest (entries x WIDTH, in LAYOUT); a row not valid lands as zeros and reads nothing."""
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, LAYOUT))
+    valid = gl.convert_layout(valid, gl.SliceLayout(1, LAYOUT))
+    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, LAYOUT))
+    async_copy.async_copy_global_to_shared(dest, base + gl.expand_dims(rows + first, 1) + gl.expand_dims(cols, 0),
+                                           gl.expand_dims(valid, 1))
+
+
+@gluon.jit
 def _sparse_ws_gather(KV8, KV16, KV32, rows, valid, ring, slot, BLOCK_N: gl.constexpr):
     """cp.async of a tile's rows (byte offsets `rows`, in the latent copy's layout) into ring slot
-    `slot`: 512 latent bytes, 64 rope values and 4 scales a row; a row not valid lands as zeros and
-    reads nothing. One commit group."""
+    `slot`: 512 latent bytes, 64 rope values and 4 scales a row. One commit group."""
     raw, raw_rope, raw_scale = ring
     LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
     LAT_L: gl.constexpr = LAYOUTS[2]
     ROPE_L: gl.constexpr = LAYOUTS[3]
     SCALE_L: gl.constexpr = LAYOUTS[4]
-    cols = gl.arange(0, 512, layout=gl.SliceLayout(0, LAT_L))
-    async_copy.async_copy_global_to_shared(raw.index(slot), KV8 + gl.expand_dims(rows, 1) + gl.expand_dims(cols, 0),
-                                           gl.expand_dims(valid, 1))
-    rope_rows = gl.convert_layout(rows, gl.SliceLayout(1, ROPE_L))
-    rope_valid = gl.convert_layout(valid, gl.SliceLayout(1, ROPE_L))
-    dims = gl.arange(0, 64, layout=gl.SliceLayout(0, ROPE_L))
-    async_copy.async_copy_global_to_shared(raw_rope.index(slot),
-                                           KV16 + gl.expand_dims(rope_rows // 2 + 264, 1) + gl.expand_dims(dims, 0),
-                                           gl.expand_dims(rope_valid, 1))
-    scale_rows = gl.convert_layout(rows, gl.SliceLayout(1, SCALE_L))
-    scale_valid = gl.convert_layout(valid, gl.SliceLayout(1, SCALE_L))
-    tiles = gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L))
-    async_copy.async_copy_global_to_shared(raw_scale.index(slot),
-                                           KV32 + gl.expand_dims(scale_rows // 4 + 128, 1) + gl.expand_dims(tiles, 0),
-                                           gl.expand_dims(scale_valid, 1))
+    _sparse_ws_copy(raw.index(slot), KV8, rows, valid, first=0, WIDTH=512, LAYOUT=LAT_L)
+    _sparse_ws_copy(raw_rope.index(slot), KV16, rows // 2, valid, first=264, WIDTH=64, LAYOUT=ROPE_L)
+    _sparse_ws_copy(raw_scale.index(slot), KV32, rows // 4, valid, first=128, WIDTH=4, LAYOUT=SCALE_L)
     async_copy.commit_group()
 
 
