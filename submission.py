@@ -2220,6 +2220,10 @@ _SPARSE_KERNEL_SIGNATURE = {
     "stride_o_head": "i32", "stride_lse_batch": "i32", "stride_lse_head": "i32", "stride_lse_token": "i32",
 }
 
+# FlashMLA's benchmark shapes align every argument but these (the float scale, the lse's token stride, s_q)
+_SPARSE_ALIGNED_ARGS = tuple(name for name in _SPARSE_KERNEL_SIGNATURE
+                             if name not in ("sm_scale_log2", "stride_lse_token", "q_len"))
+
 
 def triton_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), topk_length=(False, True)):
     """The portable sparse route's compiles for a serving table row's params: one split and two,
@@ -2229,11 +2233,10 @@ def triton_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), t
     (FlashMLA's layout), whatever fp8_dtype the target's dense cache takes."""
     del fp8_dtype
     p = params
-    unaligned = ("sm_scale_log2", "stride_lse_token", "q_len")
     return [{"kernel": _mla_sparse_kernel, "signature": dict(_SPARSE_KERNEL_SIGNATURE),
              "constexprs": {"NUM_SPLITS": splits, "BLOCK_N": p["block_n"], "ROWS": p["rows"], "HAS_TOPK_LENGTH": has,
                             "LATENT": V_HEAD_DIM, "CHUNK": 128, "ROPE": ROPE_DIM},
-             "aligned_args": [name for name in _SPARSE_KERNEL_SIGNATURE if name not in unaligned],
+             "aligned_args": list(_SPARSE_ALIGNED_ARGS),
              "range32_args": [name for name, kind in _SPARSE_KERNEL_SIGNATURE.items() if kind.startswith("*")],
              "num_warps": p["num_warps"], "num_stages": p["num_stages"]}
             for splits in num_splits for has in topk_length]
@@ -2244,11 +2247,10 @@ def hopper_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), t
     with and without topk_length, aligned as triton_sparse_compile_plan's."""
     del fp8_dtype
     p = params
-    unaligned = ("sm_scale_log2", "stride_lse_token", "q_len")
     return [{"kernel": _mla_sparse_hopper_kernel, "signature": dict(_SPARSE_KERNEL_SIGNATURE),
              "constexprs": {"NUM_SPLITS": splits, "BLOCK_N": p["block_n"], "HAS_TOPK_LENGTH": has,
                             "STAGES": p["num_stages"], "WARPS": p["num_warps"], "PAGE_SIZE": 64},
-             "aligned_args": [name for name in _SPARSE_KERNEL_SIGNATURE if name not in unaligned],
+             "aligned_args": list(_SPARSE_ALIGNED_ARGS),
              "range32_args": [], "num_warps": p["num_warps"], "num_stages": 1, "targets": ["sm90"]}
             for splits in num_splits for has in topk_length]
 
@@ -4334,16 +4336,9 @@ def _sparse_ws_main(smem, bars, io, entries, sm_scale_log2, poison, query_args, 
                 _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first, dim_begin, kv_scale=1.0, WARPS=4,
                              NUM_SPLITS=NUM_SPLITS, SLICE=SLICE, NUM_HEADS=64, LATENT=512, rows=heads * stride_o_head,
                              row_ok=row_ok)
-            LSE_L: gl.constexpr = _split_lse_layout(rows=64, warps=4)
-            splits = gl.expand_dims(gl.arange(0, triton.next_power_of_2(NUM_SPLITS), layout=gl.SliceLayout(1, LSE_L)),
-                                    1)
-            merge_heads = gl.arange(0, 64, layout=gl.SliceLayout(0, LSE_L))
-            parts = gl.load(PARTIAL_LSE + (first + splits) * 64 + gl.expand_dims(merge_heads, 0),
-                            mask=splits < NUM_SPLITS, other=float("-inf"), cache_modifier=".cg")
-            top = gl.max(parts, 0)
-            top = gl.where(top == float("-inf"), 0.0, top)
-            merged = top + gl.log2(gl.sum(gl.exp2(parts - gl.expand_dims(top, 0)), 0))
-            heads_lse = group * 64 + merge_heads
+            merged = _merged_lse(PARTIAL_LSE, first, NUM_SPLITS, MAX_SPLITS=triton.next_power_of_2(NUM_SPLITS),
+                                 NUM_HEADS=64, WARPS=4)
+            heads_lse = group * 64 + gl.arange(0, 64, layout=merged.type.layout)
             gl.store(lse_row + heads_lse * stride_lse_head, _natural_lse(merged), mask=heads_lse < num_heads)
             gl.atomic_xchg(SPLIT_TICKETS + pair, 0)
 
