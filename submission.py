@@ -1049,8 +1049,8 @@ SERVING_ROUTE_TABLE = [
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
     # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: the warp-specialised
     # kernel, 64 heads a program (rows), so that each entry is gathered and dequantised once for them all;
-    # 32 entries a tile (block_n), three warpgroups of num_warps, a ring of num_stages raw tiles (the
-    # gathers two tiles ahead) beside two bf16 tiles, q and P: 215 KiB of shared memory
+    # 32 entries a tile (block_n), three warpgroups of num_warps, num_stages bf16 tiles beside q and P:
+    # 189 KiB of shared memory
     {"kv": "fp8_sparse", "route": "hopper_sparse",
      "params": {"rows": 64, "block_n": 32, "num_warps": 4, "num_stages": 3}},
     # the sparse form elsewhere: 16 heads and 16 entries at 8 warps, which compiles without spills for sm_90
@@ -4070,23 +4070,22 @@ def _mla_decode_seesaw_kernel(
 # --- Hopper: the sparse form, warp-specialised -----------------------------------------------
 # A program takes one query token, 64 heads and one split of its entries, in three warpgroups
 # (the division of FlashMLA's sparse decode; none of its code is used):
-# - the producer gathers each tile's entries by cp.async STAGES - 1 tiles ahead into a ring of
-#   raw rows (fp8 latent values, float32 scales, bf16 rope values), then dequantises the tile into
-#   one of two bf16 tiles (fp8 x a power of two: exact);
+# - the producer reads each tile's rows (fp8 latent values, float32 scales, bf16 rope values)
+#   straight into registers, then dequantises them into one of STAGES bf16 tiles (fp8 x a power of
+#   two: exact) once both compute warpgroups have released it;
 # - warpgroup 0 stages q, then per tile S = Q.K^T over 576 dims (bf16 wgmma), the online softmax,
 #   P published in shared memory, O += P.V for latent dims 0-255;
 # - warpgroup 1 O += P.V for dims 256-511 with warpgroup 0's P and rescale factors.
 # So the gathers' latency, the dequantisation and the products of neighbouring tiles overlap.
 @_constexpr_function
 def _sparse_ws_layouts(block_n):
-    """(S's MMA layout, P.V's, the gathered latent rows' (entries x 512 bytes), the rope's
-    (entries x 64), the scales' (entries x 4), a latent chunk's (entries x 128), q's (heads x
-    128)) for a warpgroup, 16 bytes a thread. The producer's copies and its dequantisation hold an
-    entry's row in the same threads (lanes 8 r .. 8 r + 7 of a warp hold row r's bytes, 2 rows a
-    thread), so that one set of row offsets serves them all with no layout conversion."""
+    """(S's MMA layout, P.V's, the rope's (entries x 64), the scales' (entries x 4), a latent
+    chunk's (entries x 128), q's (heads x 128)) for a warpgroup, 16 bytes a thread. The producer's
+    loads and its dequantisation hold an entry's row in the same threads (lanes 8 r .. 8 r + 7 of a
+    warp hold row r's bytes, 2 rows a thread), so that one set of row offsets serves them all with
+    no layout conversion."""
     return (gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 16]),
             gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16]),
-            gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]),
             gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]),
             gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]),
             gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]),
@@ -4110,80 +4109,77 @@ def _sparse_ws_entries(IDX_ROW, t, split_begin, split_end, capacity, stride_kv_b
 
 
 @gluon.jit
-def _sparse_ws_copy(dest, base, rows, valid, first, WIDTH: gl.constexpr, LAYOUT: gl.constexpr):
-    """cp.async of elements [first, first + WIDTH) of each valid row (rows: element offsets from
-    base) into dest (entries x WIDTH, in LAYOUT); a row not valid lands as zeros and reads nothing."""
-    rows = gl.convert_layout(rows, gl.SliceLayout(1, LAYOUT))
-    valid = gl.convert_layout(valid, gl.SliceLayout(1, LAYOUT))
-    cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, LAYOUT))
-    async_copy.async_copy_global_to_shared(dest, base + gl.expand_dims(rows + first, 1) + gl.expand_dims(cols, 0),
-                                           gl.expand_dims(valid, 1))
+def _sparse_ws_load(KV8, KV16, KV32, rows, valid, BLOCK_N: gl.constexpr):
+    """A tile's rows (byte offsets `rows`, in the latent chunks' row layout) read into registers:
+    the 4 latent chunks of 128 fp8 values, the 64 rope values and the 4 scales of each valid row
+    (zeros for the others, which read nothing)."""
+    LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
+    ROPE_L: gl.constexpr = LAYOUTS[2]
+    SCALE_L: gl.constexpr = LAYOUTS[3]
+    CHUNK_L: gl.constexpr = LAYOUTS[4]
+    cols = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, CHUNK_L)), 0)
+    lat = gl.expand_dims(rows, 1) + cols
+    keep = gl.expand_dims(valid, 1)
+    k0 = gl.load(KV8 + lat, mask=keep, other=0.0)
+    k1 = gl.load(KV8 + lat + 128, mask=keep, other=0.0)
+    k2 = gl.load(KV8 + lat + 256, mask=keep, other=0.0)
+    k3 = gl.load(KV8 + lat + 384, mask=keep, other=0.0)
+    rope_rows = gl.convert_layout(rows // 2, gl.SliceLayout(1, ROPE_L))
+    rope_keep = gl.expand_dims(gl.convert_layout(valid, gl.SliceLayout(1, ROPE_L)), 1)
+    rope_cols = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, ROPE_L)), 0)
+    rope = gl.load(KV16 + gl.expand_dims(rope_rows, 1) + 264 + rope_cols, mask=rope_keep, other=0.0)
+    scale_rows = gl.convert_layout(rows // 4, gl.SliceLayout(1, SCALE_L))
+    scale_keep = gl.expand_dims(gl.convert_layout(valid, gl.SliceLayout(1, SCALE_L)), 1)
+    scale_cols = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALE_L)), 0)
+    scales = gl.load(KV32 + gl.expand_dims(scale_rows, 1) + 128 + scale_cols, mask=scale_keep, other=0.0)
+    return k0, k1, k2, k3, rope, scales
 
 
 @gluon.jit
-def _sparse_ws_gather(KV8, KV16, KV32, rows, valid, ring, slot, BLOCK_N: gl.constexpr):
-    """cp.async of a tile's rows (byte offsets `rows`, in the latent copy's layout) into ring slot
-    `slot`: 512 latent bytes, 64 rope values and 4 scales a row. One commit group."""
-    raw, raw_rope, raw_scale = ring
-    LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
-    LAT_L: gl.constexpr = LAYOUTS[2]
-    ROPE_L: gl.constexpr = LAYOUTS[3]
-    SCALE_L: gl.constexpr = LAYOUTS[4]
-    _sparse_ws_copy(raw.index(slot), KV8, rows, valid, first=0, WIDTH=512, LAYOUT=LAT_L)
-    _sparse_ws_copy(raw_rope.index(slot), KV16, rows // 2, valid, first=264, WIDTH=64, LAYOUT=ROPE_L)
-    _sparse_ws_copy(raw_scale.index(slot), KV32, rows // 4, valid, first=128, WIDTH=4, LAYOUT=SCALE_L)
-    async_copy.commit_group()
-
-
-@gluon.jit
-def _sparse_ws_dequantise(ring, slot, kbuf, krope, buf, BLOCK_N: gl.constexpr):
-    """Ring slot `slot`'s raw rows into bf16 tile `buf`: each latent chunk of 128 times its row's
-    scale (exact: an fp8 value times a power of two), the rope values as they are."""
-    raw, raw_rope, raw_scale = ring
-    LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
-    ROPE_L: gl.constexpr = LAYOUTS[3]
-    CHUNK_L: gl.constexpr = LAYOUTS[5]
-    SCALES_L: gl.constexpr = LAYOUTS[4]  # a row's 4 scales in each thread of the row
-    scales = raw_scale.index(slot).load(SCALES_L)
+def _sparse_ws_chunk(k, scales, c: gl.constexpr, dest, CHUNK_L: gl.constexpr):
+    """Latent chunk c of a tile times its rows' scale c (exact: an fp8 value times a power of two)
+    into dest as bf16."""
+    SCALES_L: gl.constexpr = scales.type.layout
     tiles = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, SCALES_L)), 0)
-    for c in gl.static_range(4):
-        scale = gl.convert_layout(gl.sum(gl.where(tiles == c, scales, 0.0), 1), gl.SliceLayout(1, CHUNK_L))
-        k = raw.index(slot).slice(c * 128, 128, dim=1).load(CHUNK_L)
-        kbuf.index(4 * buf + c).store((k.to(gl.float32) * gl.expand_dims(scale, 1)).to(gl.bfloat16))
-    krope.index(buf).store(raw_rope.index(slot).load(ROPE_L))
+    scale = gl.convert_layout(gl.sum(gl.where(tiles == c, scales, 0.0), 1), gl.SliceLayout(1, CHUNK_L))
+    dest.store((k.to(gl.float32) * gl.expand_dims(scale, 1)).to(gl.bfloat16))
 
 
 @gluon.jit
-def _sparse_ws_producer(cache, ring, tiles, bars, entries, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+def _sparse_ws_dequantise(raw, kbuf, krope, buf, BLOCK_N: gl.constexpr):
+    """A tile's rows read by _sparse_ws_load into bf16 tile `buf`."""
+    k0, k1, k2, k3, rope, scales = raw
+    CHUNK_L: gl.constexpr = _sparse_ws_layouts(BLOCK_N)[4]
+    _sparse_ws_chunk(k0, scales, 0, kbuf.index(4 * buf), CHUNK_L)
+    _sparse_ws_chunk(k1, scales, 1, kbuf.index(4 * buf + 1), CHUNK_L)
+    _sparse_ws_chunk(k2, scales, 2, kbuf.index(4 * buf + 2), CHUNK_L)
+    _sparse_ws_chunk(k3, scales, 3, kbuf.index(4 * buf + 3), CHUNK_L)
+    krope.index(buf).store(rope)
+
+
+@gluon.jit
+def _sparse_ws_producer(cache, tiles, bars, entries, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
                         PAGE_SIZE: gl.constexpr):
-    """The producer warpgroup: the ring's STAGES - 1 first tiles' gathers, then per tile t: wait
-    for its copies (every thread's), gather tile t + STAGES - 1 into the slot tile t - 1 left, wait
-    until both compute warpgroups released bf16 tile t % 2 (tile t - 2's), dequantise into it and
-    arrive on its `ready`. Entry rows are read a tile before their gathers."""
+    """The producer warpgroup: per tile t, its rows' loads issued (their entries read a tile
+    earlier), then, once both compute warpgroups released bf16 tile t % STAGES (tile t - STAGES's),
+    the rows dequantised into it and its `ready` arrived on: the loads' latency overlaps the wait."""
     KV8, KV16, KV32 = cache
     kbuf, krope = tiles
     ready, free = bars
     idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
-    LAT_ROWS: gl.constexpr = gl.SliceLayout(1, _sparse_ws_layouts(BLOCK_N)[2])
-    for s in gl.static_range(STAGES - 1):
-        rows, valid, _ = _sparse_ws_entries(idx_row, s, split_begin, split_end, capacity, stride_kv_block, LAT_ROWS,
-                                            BLOCK_N, PAGE_SIZE)
-        _sparse_ws_gather(KV8, KV16, KV32, rows, valid, ring, s, BLOCK_N)
-    rows, valid, _ = _sparse_ws_entries(idx_row, STAGES - 1, split_begin, split_end, capacity, stride_kv_block,
-                                        LAT_ROWS, BLOCK_N, PAGE_SIZE)
+    ROWS: gl.constexpr = gl.SliceLayout(1, _sparse_ws_layouts(BLOCK_N)[4])
+    rows, valid, _ = _sparse_ws_entries(idx_row, 0, split_begin, split_end, capacity, stride_kv_block, ROWS,
+                                        BLOCK_N, PAGE_SIZE)
     for t in range(num_tiles):
-        async_copy.wait_group(STAGES - 2)
-        gl.thread_barrier()
-        _sparse_ws_gather(KV8, KV16, KV32, rows, valid, ring, (t + STAGES - 1) % STAGES, BLOCK_N)
-        rows, valid, _ = _sparse_ws_entries(idx_row, t + STAGES, split_begin, split_end, capacity, stride_kv_block,
-                                            LAT_ROWS, BLOCK_N, PAGE_SIZE)
-        buf = t % 2
-        mbarrier.wait(free.index(buf), ((t // 2) & 1) ^ 1, pred=t >= 2)
-        _sparse_ws_dequantise(ring, t % STAGES, kbuf, krope, buf, BLOCK_N)
+        raw = _sparse_ws_load(KV8, KV16, KV32, rows, valid, BLOCK_N)
+        rows, valid, _ = _sparse_ws_entries(idx_row, t + 1, split_begin, split_end, capacity, stride_kv_block,
+                                            ROWS, BLOCK_N, PAGE_SIZE)
+        buf = t % STAGES
+        mbarrier.wait(free.index(buf), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
+        _sparse_ws_dequantise(raw, kbuf, krope, buf, BLOCK_N)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(ready.index(buf), count=1)
-    async_copy.wait_group(0)
 
 
 @gluon.jit
@@ -4207,8 +4203,8 @@ def _sparse_ws_out(acc_a, acc_b, scale, first: gl.constexpr, dest, rows, row_ok,
 def _sparse_ws_stage_q(q_lat, q_rope, q_row, group, num_heads, stride_q_head, BLOCK_N: gl.constexpr):
     """The program's 64 heads of q (bf16, as they are) into shared memory; heads past num_heads 0."""
     LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
-    ROPE_L: gl.constexpr = LAYOUTS[3]
-    Q_L: gl.constexpr = LAYOUTS[6]
+    ROPE_L: gl.constexpr = LAYOUTS[2]
+    Q_L: gl.constexpr = LAYOUTS[5]
     heads = group * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, Q_L))
     rows = gl.expand_dims(q_row + heads * stride_q_head, 1)
     dims = gl.expand_dims(gl.arange(0, 128, layout=gl.SliceLayout(0, Q_L)), 0)
@@ -4246,7 +4242,7 @@ def _sparse_ws_pv(p_buf, kbuf, buf, first: gl.constexpr, acc_a, acc_b, factor):
 
 @gluon.jit
 def _sparse_ws_main(smem, bars, io, entries, sm_scale_log2, poison, query_args, NUM_SPLITS: gl.constexpr,
-                    BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+                    BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr):
     """Warpgroup 0: q staged, then per tile S, the online softmax (base 2; skipped, out-of-split and
     bad entries -inf), P and its rescale factors published (p_ready) in the buffer warpgroup 1
     released two tiles before (p_free), O += P.V for dims 0-255, the bf16 tile released (free).
@@ -4272,8 +4268,8 @@ def _sparse_ws_main(smem, bars, io, entries, sm_scale_log2, poison, query_args, 
     _, valid, bad = _sparse_ws_entries(idx_row, 0, split_begin, split_end, capacity, stride_kv_block,
                                        gl.SliceLayout(0, S_MMA), BLOCK_N, PAGE_SIZE)
     for t in range(num_tiles):
-        buf = t % 2
-        mbarrier.wait(ready.index(buf), (t // 2) & 1)
+        buf = t % STAGES
+        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)
         scores = _sparse_ws_scores(q_lat, q_rope, kbuf, krope, buf, S_MMA)
         # the next tile's entries while the MMAs run
         _, next_valid, next_bad = _sparse_ws_entries(idx_row, t + 1, split_begin, split_end, capacity,
@@ -4292,14 +4288,15 @@ def _sparse_ws_main(smem, bars, io, entries, sm_scale_log2, poison, query_args, 
         running_sum = running_sum * correction + gl.sum(probs, 1)
         running_max = new_max
         # publish P and the factors in the buffer warpgroup 1 released (tile t - 2's)
-        mbarrier.wait(p_free.index(buf), ((t // 2) & 1) ^ 1, pred=t >= 2)
-        p_smem.index(buf).store(probs.to(gl.bfloat16))
-        c_smem.index(buf).store(correction)
+        pb = t % 2
+        mbarrier.wait(p_free.index(pb), ((t // 2) & 1) ^ 1, pred=t >= 2)
+        p_smem.index(pb).store(probs.to(gl.bfloat16))
+        c_smem.index(pb).store(correction)
         fence_async_shared()
         gl.thread_barrier()
-        mbarrier.arrive(p_ready.index(buf), count=1)
+        mbarrier.arrive(p_ready.index(pb), count=1)
         factor = gl.expand_dims(gl.convert_layout(correction, O_ROW), 1)
-        acc0, acc1 = _sparse_ws_pv(p_smem.index(buf), kbuf, buf, 0, acc0, acc1, factor)
+        acc0, acc1 = _sparse_ws_pv(p_smem.index(pb), kbuf, buf, 0, acc0, acc1, factor)
         gl.thread_barrier()  # every warp's MMAs have read the tile
         mbarrier.arrive(free.index(buf), count=1)
 
@@ -4344,7 +4341,8 @@ def _sparse_ws_main(smem, bars, io, entries, sm_scale_log2, poison, query_args, 
 
 
 @gluon.jit
-def _sparse_ws_second(smem, bars, io, entries, query_args, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr):
+def _sparse_ws_second(smem, bars, io, entries, query_args, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr):
     """Warpgroup 1: per tile, once P is published (p_ready) and the tile is in (ready), its
     accumulators rescaled and O += P.V for dims 256-511; P's buffer (p_free) and the tile (free)
     released. Then, on `fin`, its dims of out or of the split's partial (`stored`)."""
@@ -4358,13 +4356,14 @@ def _sparse_ws_second(smem, bars, io, entries, query_args, NUM_SPLITS: gl.conste
     acc2 = gl.zeros([64, 128], gl.float32, O_MMA)
     acc3 = gl.zeros([64, 128], gl.float32, O_MMA)
     for t in range(num_tiles):
-        buf = t % 2
-        mbarrier.wait(p_ready.index(buf), (t // 2) & 1)
-        mbarrier.wait(ready.index(buf), (t // 2) & 1)
-        factor = gl.expand_dims(c_smem.index(buf).load(O_ROW), 1)
-        acc2, acc3 = _sparse_ws_pv(p_smem.index(buf), kbuf, buf, 2, acc2, acc3, factor)
+        buf = t % STAGES
+        pb = t % 2
+        mbarrier.wait(p_ready.index(pb), (t // 2) & 1)
+        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)
+        factor = gl.expand_dims(c_smem.index(pb).load(O_ROW), 1)
+        acc2, acc3 = _sparse_ws_pv(p_smem.index(pb), kbuf, buf, 2, acc2, acc3, factor)
         gl.thread_barrier()  # every warp's MMAs have read P and the tile
-        mbarrier.arrive(p_free.index(buf), count=1)
+        mbarrier.arrive(p_free.index(pb), count=1)
         mbarrier.arrive(free.index(buf), count=1)
     mbarrier.wait(fin, 0)
     scale = o_scale.load(O_ROW)
@@ -4417,15 +4416,11 @@ def _mla_sparse_hopper_kernel(
                   group, query * gl.num_programs(2) + group, split, num_heads, stride_q_head, stride_o_head,
                   stride_lse_head)
 
-    FLAT2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     FLAT1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BAR: gl.constexpr = mbarrier.MBarrierLayout()
-    raw = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 512], FLAT2)
-    raw_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64], FLAT2)
-    raw_scale = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], FLAT2)
-    kbuf = gl.allocate_shared_memory(gl.bfloat16, [8, BLOCK_N, 128],
+    kbuf = gl.allocate_shared_memory(gl.bfloat16, [4 * STAGES, BLOCK_N, 128],
                                      gl.NVMMASharedLayout.get_default_for([BLOCK_N, 128], gl.bfloat16))
-    krope = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64],
+    krope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64],
                                       gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16))
     q_lat = gl.allocate_shared_memory(gl.bfloat16, [4, 64, 128],
                                       gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16))
@@ -4435,15 +4430,16 @@ def _mla_sparse_hopper_kernel(
                                        gl.NVMMASharedLayout.get_default_for([64, BLOCK_N], gl.bfloat16))
     c_smem = gl.allocate_shared_memory(gl.float32, [2, 64], FLAT1)
     o_scale = gl.allocate_shared_memory(gl.float32, [64], FLAT1)
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
-    free = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
     p_free = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
     fin = gl.allocate_shared_memory(gl.int64, [1], BAR)
     stored = gl.allocate_shared_memory(gl.int64, [1], BAR)
-    for i in gl.static_range(2):
+    for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(free.index(i), count=2)
+    for i in gl.static_range(2):
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=1)
     mbarrier.init(fin, count=1)
@@ -4454,10 +4450,10 @@ def _mla_sparse_hopper_kernel(
     io = (OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS)
     gl.warp_specialize([
         (_sparse_ws_main, (smem, bars, io, entries, sm_scale_log2, poison, query_args, NUM_SPLITS, BLOCK_N,
-                            PAGE_SIZE)),
-        (_sparse_ws_second, (smem, bars, io, entries, query_args, NUM_SPLITS, BLOCK_N)),
-        (_sparse_ws_producer, ((KV8, KV16, KV32), (raw, raw_rope, raw_scale), (kbuf, krope), (ready, free), entries,
-                               STAGES, BLOCK_N, PAGE_SIZE))],
+                            PAGE_SIZE, STAGES)),
+        (_sparse_ws_second, (smem, bars, io, entries, query_args, NUM_SPLITS, BLOCK_N, STAGES)),
+        (_sparse_ws_producer, ((KV8, KV16, KV32), (kbuf, krope), (ready, free), entries, STAGES, BLOCK_N,
+                               PAGE_SIZE))],
         [4, 4], [168, 96])
 
 
