@@ -46,7 +46,8 @@ NAMES = {0: "warpgroup 0", 1: "warpgroup 1", 2: "producer"}
 # slots: 0 loop start ns, 1 loop end ns, 2-7 the partition's phases (cycles, PHASES' order), 8 the
 # loop's cycles, 10 tiles
 
-RECORD = "TRACE + ((gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2) + gl.program_id(2)) * 48"
+RECORD = ("TRACE + ((gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2)"
+          " + gl.program_id(2)) * 48")
 
 
 def _record(part):
@@ -93,14 +94,15 @@ INSERTIONS = [
     # warpgroup 0
     ("                    BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr):\n",
      "                    BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr, TRACE):\n"),
-    ("    for t in range(num_tiles):\n        buf = t % STAGES\n        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)\n"
-     "        scores = _sparse_ws_scores(",
+    ("    for t in range(num_tiles):\n        buf = t % STAGES\n"
+     "        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)\n        scores = _sparse_ws_scores(",
      "    t_start = {S}\n    c_start = {C}\n" + _zeros(W0)
      + "    for t in range(num_tiles):\n        buf = t % STAGES\n        c0 = {C}\n"
      "        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)\n        c1 = {C}\n        w_ready += c1 - c0\n"
      "        scores = _sparse_ws_scores("),
     ("        scores = warpgroup_mma_wait(0, deps=(scores,))\n        bad_any",
-     "        scores = warpgroup_mma_wait(0, deps=(scores,))\n        c2 = {C}\n        w_s += c2 - c1\n        bad_any"),
+     "        scores = warpgroup_mma_wait(0, deps=(scores,))\n        c2 = {C}\n        w_s += c2 - c1\n"
+     "        bad_any"),
     ("        pb = t % 2\n        mbarrier.wait(p_free.index(pb), ((t // 2) & 1) ^ 1, pred=t >= 2)\n",
      "        pb = t % 2\n        c3 = {C}\n        w_soft += c3 - c2\n"
      "        mbarrier.wait(p_free.index(pb), ((t // 2) & 1) ^ 1, pred=t >= 2)\n        c4 = {C}\n"
@@ -108,9 +110,10 @@ INSERTIONS = [
     ("        mbarrier.arrive(p_ready.index(pb), count=1)\n        factor = gl.expand_dims(gl.convert_layout(",
      "        mbarrier.arrive(p_ready.index(pb), count=1)\n        c5 = {C}\n        w_pub += c5 - c4\n"
      "        factor = gl.expand_dims(gl.convert_layout("),
-    ("        gl.thread_barrier()  # every warp's MMAs have read the tile\n        mbarrier.arrive(free.index(buf), count=1)\n"
-     "\n    # The epilogue",
-     "        gl.thread_barrier()  # every warp's MMAs have read the tile\n        mbarrier.arrive(free.index(buf), count=1)\n"
+    ("        gl.thread_barrier()  # every warp's MMAs have read the tile\n"
+     "        mbarrier.arrive(free.index(buf), count=1)\n\n    # The epilogue",
+     "        gl.thread_barrier()  # every warp's MMAs have read the tile\n"
+     "        mbarrier.arrive(free.index(buf), count=1)\n"
      "        w_pv += {C} - c5\n" + _store(0, W0) + "\n    # The epilogue"),
     # warpgroup 1
     ("def _sparse_ws_second(smem, bars, io, entries, query_args, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,\n"
@@ -118,7 +121,8 @@ INSERTIONS = [
      "def _sparse_ws_second(smem, bars, io, entries, query_args, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,\n"
      "                      STAGES: gl.constexpr, TRACE):\n"),
     ("    for t in range(num_tiles):\n        buf = t % STAGES\n        pb = t % 2\n"
-     "        mbarrier.wait(p_ready.index(pb), (t // 2) & 1)\n        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)\n",
+     "        mbarrier.wait(p_ready.index(pb), (t // 2) & 1)\n"
+     "        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)\n",
      "    t_start = {S}\n    c_start = {C}\n" + _zeros(W1)
      + "    for t in range(num_tiles):\n        buf = t % STAGES\n        pb = t % 2\n        c0 = {C}\n"
      "        mbarrier.wait(p_ready.index(pb), (t // 2) & 1)\n        c1 = {C}\n        v_pready += c1 - c0\n"
@@ -134,7 +138,8 @@ INSERTIONS = [
     ("    for t in range(num_tiles):\n        raw = _sparse_ws_load(",
      "    t_start = {S}\n    c_start = {C}\n" + _zeros(PR)
      + "    for t in range(num_tiles):\n        c0 = {C}\n        raw = _sparse_ws_load("),
-    ("        mbarrier.wait(free.index(buf), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)\n        _sparse_ws_dequantise(",
+    ("        mbarrier.wait(free.index(buf), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)\n"
+     "        _sparse_ws_dequantise(",
      "        c1 = {C}\n        r_load += c1 - c0\n"
      "        mbarrier.wait(free.index(buf), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)\n        c2 = {C}\n"
      "        r_free += c2 - c1\n        _sparse_ws_dequantise("),
