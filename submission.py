@@ -5746,7 +5746,7 @@ def _sparse_launch(plan, q, k_cache, indices, topk_length, out, lse, sm_scale):
                q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), indices.stride(0), indices.stride(1),
                out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
     grid = (shape.batch * shape.s_q, plan.num_splits, triton.cdiv(shape.h_q, params["rows"]))
-    if plan.kernel is _mla_sparse_hopper_kernel:  # its stages are the gather ring's, not the pipeliner's
+    if plan.kernel is _mla_sparse_hopper_kernel:  # its stages are its bf16 tiles, not the pipeliner's
         constexprs = {"NUM_SPLITS": plan.num_splits, "BLOCK_N": params["block_n"],
                       "HAS_TOPK_LENGTH": topk_length is not None, "STAGES": params["num_stages"],
                       "WARPS": params["num_warps"], "PAGE_SIZE": shape.page_size}
