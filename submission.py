@@ -33,7 +33,9 @@ Kernels, and the cases each serves
   _mla_decode_seesaw_kernel           Hopper: serving pages of 64 or 128 tokens with 64+ query rows,
                                       query rows as M, two compute warpgroups and a loader warp
   _mla_sparse_hopper_kernel           Hopper: the serving API's sparse form, warp-specialised (a
-                                      producer warpgroup gathering and dequantising, two on wgmma)
+                                      producer warpgroup gathering and dequantising, two on wgmma),
+                                      persistent where the batch's waves would leave SMs idle
+  _mla_sparse_combine_kernel          Hopper: the sparse kernel's cut query tokens merged
   _mla_combine_kernel                 Hopper: the serving kernels' split requests merged
   aiter's kernels                     MI355X: both entry points, where aiter serves the case
 """
@@ -983,7 +985,13 @@ SERVING_SPLIT_MIN_TOKENS = 256  # a split shorter than this costs more in its me
 SERVING_MAX_SPLITS = 16  # splits of one request at most on the Hopper route (its merge's widest layout)
 SERVING_CPU_PROGRAMS = 8  # programs the plan aims for without a GPU (the interpreter)
 TMA_TILE = 64  # tokens a Hopper tile reads; TMA reads a tile from one page, so shorter pages are gathered
-SPARSE_SPLIT_MIN_ENTRIES = 256  # the sparse form: a split of fewer entries costs more in its merge than it saves
+SPARSE_SPLIT_MIN_ENTRIES = 256  # the portable sparse kernel: a shorter split costs more in its merge than it saves
+SPARSE_COMBINE_DIMS = 64  # latent dims a program of the Hopper sparse merge takes
+SPARSE_MIN_RUN_TILES = 4  # the Hopper sparse schedule: no program's run of tiles shorter, where it cuts units
+SPARSE_MAX_PIECES = 32  # nor any unit cut into more pieces (its merge's widest layout)
+# what cutting units costs, in entries' worth of a program's time (measured on an H100): a fixed part (the
+# partials written and merged) and a part for each unit a program takes (its q staged, its out stored)
+SPARSE_CUT_COST = (544, 160)
 SPARSE_ROUTES = ("hopper_sparse", "triton_sparse")  # the sparse kernel's rows: sm_90's wide one, the portable one
 
 # A row serves a plan where its "kv" is the cache's format and, where the row names them, the plan's
@@ -1049,10 +1057,10 @@ SERVING_ROUTE_TABLE = [
     {"kv": "bf16", "route": "triton_paged", "params": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
     # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: the warp-specialised
     # kernel, 64 heads a program (rows), so that each entry is gathered and dequantised once for them all;
-    # 32 entries a tile (block_n), three warpgroups of num_warps, num_stages bf16 tiles beside q and P:
-    # 189 KiB of shared memory
+    # 64 entries a tile (block_n), three warpgroups of num_warps, num_stages bf16 tiles beside q and P:
+    # 225 KiB of shared memory (h113)
     {"kv": "fp8_sparse", "route": "hopper_sparse",
-     "params": {"rows": 64, "block_n": 32, "num_warps": 4, "num_stages": 3}},
+     "params": {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}},
     # the sparse form elsewhere: 16 heads and 16 entries at 8 warps, which compiles without spills for sm_90
     # and gfx950
     {"kv": "fp8_sparse", "route": "triton_sparse",
@@ -1082,6 +1090,40 @@ def _programs_to_fill(device):
     return SERVING_CPU_PROGRAMS if device is None or device.type == "cpu" else 2 * sm_count(device)
 
 
+@functools.lru_cache(maxsize=64)
+def sparse_pieces(units, tiles, programs):
+    """The most pieces any unit is cut into when units x tiles tiles are cut into `programs` runs,
+    the first total % programs a tile longer (_sparse_ws_run's schedule)."""
+    total = units * tiles
+    cuts = {}
+    for p in range(1, programs):
+        start = p * (total // programs) + min(p, total % programs)
+        if start % tiles:
+            cuts[start // tiles] = cuts.get(start // tiles, 0) + 1
+    return 1 + max(cuts.values(), default=0)
+
+
+def sparse_programs(units, tiles, sms, block_n, num_splits=None):
+    """The Hopper sparse kernel's program count over `units` units (a query token's 64 heads) of
+    `tiles` tiles of block_n entries: a program per unit (each whole: no partials, no merge) where
+    its waves take no longer than cutting all the tiles evenly over the `sms` SMs with the cut's cost
+    (SPARSE_CUT_COST); else one per SM, no run under SPARSE_MIN_RUN_TILES tiles and no unit in more
+    than SPARSE_MAX_PIECES pieces. num_splits given: that many programs a unit (the tiles allowing)."""
+    total = units * tiles
+    if num_splits:
+        programs = min(units * num_splits, total)
+    else:
+        fixed, per_unit = SPARSE_CUT_COST
+        whole = -(-units // sms) * tiles * block_n
+        cut = (total * block_n + per_unit * units) / sms + fixed
+        if whole <= cut or total < SPARSE_MIN_RUN_TILES:
+            return units
+        programs = max(1, min(sms, total // SPARSE_MIN_RUN_TILES))
+    while programs > 1 and sparse_pieces(units, tiles, programs) > SPARSE_MAX_PIECES:
+        programs -= 1
+    return programs
+
+
 class ServingRoute(NamedTuple):
     """What serves a plan: its SERVING_ROUTE_TABLE row, the kernel (None: the row's aiter route),
     the split count, and whether the Hopper kernel runs the span schedule."""
@@ -1104,7 +1146,8 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
     - the split count: num_splits where given; Hopper, one chunk per program slot of the GPU
       ("waves" of the programs resident at once); portable, enough programs to fill the GPU twice,
       no split shorter than SERVING_SPLIT_MIN_TOKENS of the block table's capacity (tokens), or,
-      sparse, than SPARSE_SPLIT_MIN_ENTRIES of the query's entries;
+      sparse, than SPARSE_SPLIT_MIN_ENTRIES of the query's entries; the Hopper sparse kernel, its
+      program count (sparse_programs: a program per unit, or one per SM over cut units);
     - spans: the row asks for them and the batch can outgrow one wave of chunks (batch x
       SERVING_MAX_SPLITS > the split count); otherwise every chunk schedule fits one wave, the span
       cost model would never take spans, and the kernel without them is the faster one to carry."""
@@ -1120,6 +1163,11 @@ def serving_route(shape, device, capacity, tma_readable=True, num_splits=None, t
             splits = num_splits or max(1, min(triton.cdiv(_programs_to_fill(device), shape.batch * groups),
                                               capacity // SERVING_SPLIT_MIN_TOKENS))
             return ServingRoute(row, _mla_decode_kernel, splits, False)
+        if route == "hopper_sparse":  # the units' tiles laid end to end, cut into the programs' runs
+            units = shape.batch * shape.s_q * triton.cdiv(shape.h_q, route_rows(row))
+            tiles = triton.cdiv(shape.topk, params["block_n"])
+            programs = sparse_programs(units, tiles, _programs_to_fill(device) // 2, params["block_n"], num_splits)
+            return ServingRoute(row, _mla_sparse_hopper_kernel, programs, False)
         if route in SPARSE_ROUTES:  # a program per query token and head group: no query tokens share entries
             programs = shape.batch * shape.s_q * triton.cdiv(shape.h_q, route_rows(row))
             splits = num_splits or max(1, min(triton.cdiv(_programs_to_fill(device), programs),
@@ -2242,17 +2290,28 @@ def triton_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), t
             for splits in num_splits for has in topk_length]
 
 
+# the Hopper sparse kernel's: the portable one's tensors but the tickets, its scalars with the units'
+# count and head groups for the page size (a constexpr there), the same strides
+_SPARSE_HOPPER_SIGNATURE = {
+    **{name: kind for name, kind in _SPARSE_KERNEL_SIGNATURE.items()
+       if kind.startswith("*") and name != "SPLIT_TICKETS"},
+    "sm_scale_log2": "fp32", "capacity": "i32", "num_units": "i32", "groups": "i32", "num_heads": "i32",
+    "q_len": "i32", "topk": "i32",
+    **{name: kind for name, kind in _SPARSE_KERNEL_SIGNATURE.items() if name.startswith("stride_")},
+}
+
+
 def hopper_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), topk_length=(False, True)):
-    """The warp-specialised sparse kernel at the Hopper row's params, sm_90 only: one split and two,
-    with and without topk_length, aligned as triton_sparse_compile_plan's."""
-    del fp8_dtype
+    """The warp-specialised sparse kernel at the Hopper row's params, sm_90 only: with and without
+    topk_length, aligned as triton_sparse_compile_plan's."""
+    del fp8_dtype, num_splits  # the program count is a launch's grid
     p = params
-    return [{"kernel": _mla_sparse_hopper_kernel, "signature": dict(_SPARSE_KERNEL_SIGNATURE),
-             "constexprs": {"NUM_SPLITS": splits, "BLOCK_N": p["block_n"], "HAS_TOPK_LENGTH": has,
+    return [{"kernel": _mla_sparse_hopper_kernel, "signature": dict(_SPARSE_HOPPER_SIGNATURE),
+             "constexprs": {"BLOCK_N": p["block_n"], "HAS_TOPK_LENGTH": has,
                             "STAGES": p["num_stages"], "WARPS": p["num_warps"], "PAGE_SIZE": 64},
-             "aligned_args": list(_SPARSE_ALIGNED_ARGS),
+             "aligned_args": [name for name in _SPARSE_ALIGNED_ARGS if name in _SPARSE_HOPPER_SIGNATURE],
              "range32_args": [], "num_warps": p["num_warps"], "num_stages": 1, "targets": ["sm90"]}
-            for splits in num_splits for has in topk_length]
+            for has in topk_length]
 
 
 # =============================================================================================
@@ -4068,13 +4127,16 @@ def _mla_decode_seesaw_kernel(
 
 
 # --- Hopper: the sparse form, warp-specialised -----------------------------------------------
-# A program takes one query token, 64 heads and one split of its entries, in three warpgroups
+# The work is units: a query token's 64 heads (a head group) over its entries, cdiv(topk, BLOCK_N)
+# tiles. A program takes a run of the units' tiles laid end to end: one whole unit each where the
+# batch fills the GPU's waves well, else an even cut over one program per SM, whose cut units are
+# written as partials and merged by _mla_sparse_combine_kernel. A program works in three warpgroups
 # (the division of FlashMLA's sparse decode; none of its code is used):
-# - the producer reads each tile's rows (fp8 latent values, float32 scales, bf16 rope values)
-#   straight into registers, then dequantises them into one of STAGES bf16 tiles (fp8 x a power of
-#   two: exact) once both compute warpgroups have released it;
-# - warpgroup 0 stages q, then per tile S = Q.K^T over 576 dims (bf16 wgmma), the online softmax,
-#   P published in shared memory, O += P.V for latent dims 0-255;
+# - the producer reads a tile's rows (fp8 latent values, float32 scales, bf16 rope values) 32 at a
+#   time straight into registers, then dequantises them into one of STAGES bf16 tiles (fp8 x a power
+#   of two: exact) once both compute warpgroups have released it;
+# - warpgroup 0 stages each unit's q, then per tile S = Q.K^T over 576 dims (bf16 wgmma), the online
+#   softmax, O += P.V for latent dims 0-255 from P in registers, and P published in shared memory;
 # - warpgroup 1 O += P.V for dims 256-511 with warpgroup 0's P and rescale factors.
 # So the gathers' latency, the dequantisation and the products of neighbouring tiles overlap.
 @_constexpr_function
@@ -4146,40 +4208,102 @@ def _sparse_ws_chunk(k, scales, c: gl.constexpr, dest, CHUNK_L: gl.constexpr):
 
 
 @gluon.jit
-def _sparse_ws_dequantise(raw, kbuf, krope, buf, BLOCK_N: gl.constexpr):
-    """A tile's rows read by _sparse_ws_load into bf16 tile `buf`."""
+def _sparse_ws_dequantise(raw, kbuf, krope, buf, half: gl.constexpr, BLOCK_N: gl.constexpr):
+    """32 rows read by _sparse_ws_load into rows 32 half .. 32 half + 31 of bf16 tile `buf`."""
     k0, k1, k2, k3, rope, scales = raw
     CHUNK_L: gl.constexpr = _sparse_ws_layouts(BLOCK_N)[4]
-    _sparse_ws_chunk(k0, scales, 0, kbuf.index(4 * buf), CHUNK_L)
-    _sparse_ws_chunk(k1, scales, 1, kbuf.index(4 * buf + 1), CHUNK_L)
-    _sparse_ws_chunk(k2, scales, 2, kbuf.index(4 * buf + 2), CHUNK_L)
-    _sparse_ws_chunk(k3, scales, 3, kbuf.index(4 * buf + 3), CHUNK_L)
-    krope.index(buf).store(rope)
+    _sparse_ws_chunk(k0, scales, 0, kbuf.index(4 * buf).slice(32 * half, 32), CHUNK_L)
+    _sparse_ws_chunk(k1, scales, 1, kbuf.index(4 * buf + 1).slice(32 * half, 32), CHUNK_L)
+    _sparse_ws_chunk(k2, scales, 2, kbuf.index(4 * buf + 2).slice(32 * half, 32), CHUNK_L)
+    _sparse_ws_chunk(k3, scales, 3, kbuf.index(4 * buf + 3).slice(32 * half, 32), CHUNK_L)
+    krope.index(buf).slice(32 * half, 32).store(rope)
 
 
 @gluon.jit
-def _sparse_ws_producer(cache, tiles, bars, entries, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
-                        PAGE_SIZE: gl.constexpr):
-    """The producer warpgroup: per tile t, its rows' loads issued (their entries read a tile
-    earlier), then, once both compute warpgroups released bf16 tile t % STAGES (tile t - STAGES's),
-    the rows dequantised into it and its `ready` arrived on: the loads' latency overlaps the wait."""
+def _sparse_ws_run(units, BLOCK_N: gl.constexpr):
+    """This program's run of the schedule: the units (num_units, groups, topk) laid end to end,
+    cdiv(topk, BLOCK_N) tiles each, cut into one run a program, the first total % programs runs a
+    tile longer (as sparse_pieces counts): (first tile, end tile, tiles a unit, groups, program).
+    Each partition computes it from the program's id."""
+    num_units, groups, topk = units
+    program = gl.program_id(0)
+    tiles_per_unit = gl.cdiv(topk, BLOCK_N)
+    total = num_units * tiles_per_unit
+    base = total // gl.num_programs(0)
+    longer = total % gl.num_programs(0)
+    begin = program * base + gl.minimum(program, longer)
+    end = begin + base + (program < longer).to(gl.int32)
+    return begin, end, tiles_per_unit, groups, program
+
+
+@gluon.jit
+def _sparse_ws_piece(u, schedule, query_ins, TOPK_LENGTH, HAS_TOPK_LENGTH: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Unit u's piece of this program: (whole, its partial slot, the entries: (index row, first and
+    end position, tiles, capacity, cache block stride), the query's pointers and head group). A unit
+    is one query token's head group; its tiles are cut at the program's ends of the schedule.
+    whole: the program takes every tile of the unit, so it writes out and lse itself."""
+    begin, end, tiles_per_unit, groups, program = schedule
+    INDICES, Q, OUT, LSE, capacity, q_len, topk, stride_kv_block, strides = query_ins
+    stride_q_batch, stride_q_token, stride_idx_batch, stride_idx_token, stride_o_batch, stride_o_token, \
+        stride_lse_batch, stride_lse_token = strides
+    unit_begin = u * tiles_per_unit
+    lo = gl.maximum(begin, unit_begin) - unit_begin
+    hi = gl.minimum(end, unit_begin + tiles_per_unit) - unit_begin
+    whole = (lo == 0) & (hi == tiles_per_unit)
+    query = u // groups
+    group = u % groups
+    batch = query // q_len
+    q_token = query % q_len
+    # the query's entries: the first topk_length[batch] of its row (a bad length poisons them all)
+    length = topk
+    if HAS_TOPK_LENGTH:
+        length = gl.load(TOPK_LENGTH + batch)
+    poison = gl.where((length < 0) | (length > topk), float("nan"), 0.0)
+    length = gl.where(poison != poison, 0, length)
+    split_begin = gl.minimum(lo * BLOCK_N, length)
+    split_end = gl.minimum(hi * BLOCK_N, length)
+    num_tiles = gl.cdiv(split_end - split_begin, BLOCK_N)
+    idx_row = INDICES + batch.to(gl.int64) * stride_idx_batch + q_token * stride_idx_token
+    entries = (idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block)
+    rows = (Q + batch.to(gl.int64) * stride_q_batch + q_token * stride_q_token,
+            OUT + batch.to(gl.int64) * stride_o_batch + q_token * stride_o_token,
+            LSE + batch.to(gl.int64) * stride_lse_batch + q_token * stride_lse_token)
+    return whole, program + u, entries, rows, group, poison
+
+
+@gluon.jit
+def _sparse_ws_producer(cache, tiles, bars, schedule, query_ins, TOPK_LENGTH, HAS_TOPK_LENGTH: gl.constexpr,
+                        STAGES: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """The producer warpgroup: per tile t of each piece, its rows' loads issued (their entries read
+    a tile earlier), then, once both compute warpgroups released bf16 tile g % STAGES (g counts the
+    program's tiles), the rows dequantised into it and its `ready` arrived on: the loads' latency
+    overlaps the wait."""
     KV8, KV16, KV32 = cache
     kbuf, krope = tiles
     ready, free = bars
-    idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
     ROWS: gl.constexpr = gl.SliceLayout(1, _sparse_ws_layouts(BLOCK_N)[4])
-    rows, valid, _ = _sparse_ws_entries(idx_row, 0, split_begin, split_end, capacity, stride_kv_block, ROWS,
-                                        BLOCK_N, PAGE_SIZE)
-    for t in range(num_tiles):
-        raw = _sparse_ws_load(KV8, KV16, KV32, rows, valid, BLOCK_N)
-        rows, valid, _ = _sparse_ws_entries(idx_row, t + 1, split_begin, split_end, capacity, stride_kv_block,
-                                            ROWS, BLOCK_N, PAGE_SIZE)
-        buf = t % STAGES
-        mbarrier.wait(free.index(buf), ((t // STAGES) & 1) ^ 1, pred=t >= STAGES)
-        _sparse_ws_dequantise(raw, kbuf, krope, buf, BLOCK_N)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(ready.index(buf), count=1)
+    HALVES: gl.constexpr = BLOCK_N // 32
+    schedule = _sparse_ws_run(schedule, BLOCK_N)
+    begin, end, tiles_per_unit = schedule[0], schedule[1], schedule[2]
+    g = 0
+    for u in range(begin // tiles_per_unit, gl.cdiv(end, tiles_per_unit)):
+        _, _, entries, _, _, _ = _sparse_ws_piece(u, schedule, query_ins, TOPK_LENGTH, HAS_TOPK_LENGTH, BLOCK_N)
+        idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
+        rows, valid, _ = _sparse_ws_entries(idx_row, 0, split_begin, split_end, capacity, stride_kv_block, ROWS,
+                                            32, PAGE_SIZE)
+        for t in range(num_tiles):
+            buf = g % STAGES
+            for h in gl.static_range(HALVES):
+                raw = _sparse_ws_load(KV8, KV16, KV32, rows, valid, BLOCK_N)
+                rows, valid, _ = _sparse_ws_entries(idx_row, t * HALVES + h + 1, split_begin, split_end, capacity,
+                                                    stride_kv_block, ROWS, 32, PAGE_SIZE)
+                if h == 0:
+                    mbarrier.wait(free.index(buf), ((g // STAGES) & 1) ^ 1, pred=g >= STAGES)
+                _sparse_ws_dequantise(raw, kbuf, krope, buf, h, BLOCK_N)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(ready.index(buf), count=1)
+            g += 1
 
 
 @gluon.jit
@@ -4191,12 +4315,20 @@ def _sparse_ws_store(values, base, heads, row_ok, c: gl.constexpr, LAYOUT: gl.co
 
 
 @gluon.jit
-def _sparse_ws_out(acc_a, acc_b, scale, first: gl.constexpr, dest, rows, row_ok, O_MMA: gl.constexpr):
-    """A warpgroup's two 128-dim chunks (first, first + 1), times its rows' scale, to
-    dest + rows[h] + the chunk's dims, for the rows in row_ok."""
+def _sparse_ws_out(acc_a, acc_b, scale, first: gl.constexpr, whole, out_row, slot, group, num_heads,
+                   stride_o_head, PARTIAL_O, O_MMA: gl.constexpr):
+    """A warpgroup's two 128-dim chunks (first, first + 1) times its rows' scale: to out where the
+    program took the whole unit, else to the unit's partial in `slot`."""
     factor = gl.expand_dims(scale, 1)
-    _sparse_ws_store(acc_a * factor, dest, rows, row_ok, first, O_MMA)
-    _sparse_ws_store(acc_b * factor, dest, rows, row_ok, first + 1, O_MMA)
+    local = gl.arange(0, 64, layout=gl.SliceLayout(1, O_MMA))
+    if whole:
+        heads = group * 64 + local
+        _sparse_ws_store(acc_a * factor, out_row, heads * stride_o_head, heads < num_heads, first, O_MMA)
+        _sparse_ws_store(acc_b * factor, out_row, heads * stride_o_head, heads < num_heads, first + 1, O_MMA)
+    else:
+        dest = PARTIAL_O + slot.to(gl.int64) * (512 * 64)
+        _sparse_ws_store(acc_a * factor, dest, local * 512, local >= 0, first, O_MMA)
+        _sparse_ws_store(acc_b * factor, dest, local * 512, local >= 0, first + 1, O_MMA)
 
 
 @gluon.jit
@@ -4241,183 +4373,165 @@ def _sparse_ws_pv(p_buf, kbuf, buf, first: gl.constexpr, acc_a, acc_b, factor):
 
 
 @gluon.jit
-def _sparse_ws_main(smem, bars, io, entries, sm_scale_log2, poison, query_args, NUM_SPLITS: gl.constexpr,
-                    BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr):
-    """Warpgroup 0: q staged, then per tile S, the online softmax (base 2; skipped, out-of-split and
-    bad entries -inf), P and its rescale factors published (p_ready) in the buffer warpgroup 1
-    released two tiles before (p_free), O += P.V for dims 0-255, the bf16 tile released (free).
-    Then the rows' output scale (and, several splits, its partial stored: `stored`) published on
-    `fin`; out and lse, or the split's partial and lse, and the merge when this split is the last."""
+def _sparse_ws_main(smem, bars, io, schedule, query_ins, sm_scale_log2, num_heads, stride_q_head, stride_o_head,
+                    stride_lse_head, HAS_TOPK_LENGTH: gl.constexpr, BLOCK_N: gl.constexpr,
+                    PAGE_SIZE: gl.constexpr, STAGES: gl.constexpr):
+    """Warpgroup 0, per piece: q staged, then per tile S, the online softmax (base 2; skipped,
+    out-of-piece and bad entries -inf), O += P.V for dims 0-255 from P in registers, issued before P
+    and its rescale factors are published (p_ready) in the buffer warpgroup 1 released P_BUFS tiles
+    before (p_free), the bf16 tile released (free). Then the rows' output scale published on `fin`
+    (once warpgroup 1 has read the last piece's: fin_free), and out and lse, or the piece's partial
+    and lse (merged by _mla_sparse_combine_kernel)."""
     LAYOUTS: gl.constexpr = _sparse_ws_layouts(BLOCK_N)
     S_MMA: gl.constexpr = LAYOUTS[0]
     O_MMA: gl.constexpr = LAYOUTS[1]
     S_ROW: gl.constexpr = gl.SliceLayout(1, S_MMA)
     O_ROW: gl.constexpr = gl.SliceLayout(1, O_MMA)
+    P_BUFS: gl.constexpr = 64 // BLOCK_N
     q_lat, q_rope, kbuf, krope, p_smem, c_smem, o_scale = smem
-    ready, free, p_ready, p_free, fin, stored = bars
-    OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS = io
-    idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
-    q_row, out_row, lse_row, group, pair, split, num_heads, stride_q_head, stride_o_head, stride_lse_head = query_args
-    _sparse_ws_stage_q(q_lat, q_rope, q_row, group, num_heads, stride_q_head, BLOCK_N)
+    ready, free, p_ready, p_free, fin, fin_free = bars
+    TOPK_LENGTH, PARTIAL_O, PARTIAL_LSE = io
+    schedule = _sparse_ws_run(schedule, BLOCK_N)
+    begin, end, tiles_per_unit = schedule[0], schedule[1], schedule[2]
+    g = 0
+    k = 0
+    for u in range(begin // tiles_per_unit, gl.cdiv(end, tiles_per_unit)):
+        whole, slot, entries, rows, group, poison = _sparse_ws_piece(u, schedule, query_ins, TOPK_LENGTH,
+                                                                     HAS_TOPK_LENGTH, BLOCK_N)
+        idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
+        q_row, out_row, lse_row = rows
+        _sparse_ws_stage_q(q_lat, q_rope, q_row, group, num_heads, stride_q_head, BLOCK_N)
+        running_max = gl.full([64], float("-inf"), gl.float32, layout=S_ROW)
+        running_sum = gl.zeros([64], gl.float32, layout=S_ROW)
+        bad_any = gl.zeros([BLOCK_N], gl.int32, layout=gl.SliceLayout(0, S_MMA))
+        acc0 = gl.zeros([64, 128], gl.float32, O_MMA)
+        acc1 = gl.zeros([64, 128], gl.float32, O_MMA)
+        _, valid, bad = _sparse_ws_entries(idx_row, 0, split_begin, split_end, capacity, stride_kv_block,
+                                           gl.SliceLayout(0, S_MMA), BLOCK_N, PAGE_SIZE)
+        for t in range(num_tiles):
+            buf = g % STAGES
+            mbarrier.wait(ready.index(buf), (g // STAGES) & 1)
+            scores = _sparse_ws_scores(q_lat, q_rope, kbuf, krope, buf, S_MMA)
+            # the next tile's entries while the MMAs run
+            _, next_valid, next_bad = _sparse_ws_entries(idx_row, t + 1, split_begin, split_end, capacity,
+                                                         stride_kv_block, gl.SliceLayout(0, S_MMA), BLOCK_N,
+                                                         PAGE_SIZE)
+            scores = warpgroup_mma_wait(0, deps=(scores,))
+            bad_any = bad_any | bad.to(gl.int32)
+            # online softmax in base 2; a tile of skipped entries leaves a row at -inf: shift it by 0
+            scores = gl.where(gl.expand_dims(valid, 0), scores * sm_scale_log2, float("-inf"))
+            valid = next_valid
+            bad = next_bad
+            new_max = gl.maximum(running_max, gl.max(scores, 1))
+            shift = gl.where(new_max == float("-inf"), 0.0, new_max)
+            correction = gl.exp2(running_max - shift)
+            probs = gl.exp2(scores - gl.expand_dims(shift, 1))
+            running_sum = running_sum * correction + gl.sum(probs, 1)
+            running_max = new_max
+            # O += P.V for dims 0-255 from P in registers, issued before P is published
+            p16 = probs.to(gl.bfloat16)
+            p_op = gl.convert_layout(p16, gl.DotOperandLayout(0, O_MMA, 2))
+            factor = gl.expand_dims(gl.convert_layout(correction, O_ROW), 1)
+            acc0 = acc0 * factor
+            acc1 = acc1 * factor
+            acc0 = warpgroup_mma(p_op, kbuf.index(4 * buf), acc0, is_async=True)
+            acc1 = warpgroup_mma(p_op, kbuf.index(4 * buf + 1), acc1, is_async=True)
+            # publish P and the factors in the buffer warpgroup 1 released (tile g - P_BUFS's)
+            pb = g % P_BUFS
+            mbarrier.wait(p_free.index(pb), ((g // P_BUFS) & 1) ^ 1, pred=g >= P_BUFS)
+            p_smem.index(pb).store(p16)
+            c_smem.index(pb).store(correction)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(p_ready.index(pb), count=1)
+            acc0, acc1, p_op = warpgroup_mma_wait(0, deps=(acc0, acc1, p_op))
+            gl.thread_barrier()  # every warp's MMAs have read the tile
+            mbarrier.arrive(free.index(buf), count=1)
+            g += 1
 
-    running_max = gl.full([64], float("-inf"), gl.float32, layout=S_ROW)
-    running_sum = gl.zeros([64], gl.float32, layout=S_ROW)
-    bad_any = gl.zeros([BLOCK_N], gl.int32, layout=gl.SliceLayout(0, S_MMA))
-    acc0 = gl.zeros([64, 128], gl.float32, O_MMA)
-    acc1 = gl.zeros([64, 128], gl.float32, O_MMA)
-    _, valid, bad = _sparse_ws_entries(idx_row, 0, split_begin, split_end, capacity, stride_kv_block,
-                                       gl.SliceLayout(0, S_MMA), BLOCK_N, PAGE_SIZE)
-    for t in range(num_tiles):
-        buf = t % STAGES
-        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)
-        scores = _sparse_ws_scores(q_lat, q_rope, kbuf, krope, buf, S_MMA)
-        # the next tile's entries while the MMAs run
-        _, next_valid, next_bad = _sparse_ws_entries(idx_row, t + 1, split_begin, split_end, capacity,
-                                                     stride_kv_block, gl.SliceLayout(0, S_MMA), BLOCK_N,
-                                                     PAGE_SIZE)
-        scores = warpgroup_mma_wait(0, deps=(scores,))
-        bad_any = bad_any | bad.to(gl.int32)
-        # online softmax in base 2; a tile of skipped entries leaves a row at -inf: shift it by 0
-        scores = gl.where(gl.expand_dims(valid, 0), scores * sm_scale_log2, float("-inf"))
-        valid = next_valid
-        bad = next_bad
-        new_max = gl.maximum(running_max, gl.max(scores, 1))
-        shift = gl.where(new_max == float("-inf"), 0.0, new_max)
-        correction = gl.exp2(running_max - shift)
-        probs = gl.exp2(scores - gl.expand_dims(shift, 1))
-        running_sum = running_sum * correction + gl.sum(probs, 1)
-        running_max = new_max
-        # publish P and the factors in the buffer warpgroup 1 released (tile t - 2's)
-        pb = t % 2
-        mbarrier.wait(p_free.index(pb), ((t // 2) & 1) ^ 1, pred=t >= 2)
-        p_smem.index(pb).store(probs.to(gl.bfloat16))
-        c_smem.index(pb).store(correction)
-        fence_async_shared()
+        # The piece's epilogue: out and lse where it is the whole unit, else its partial and lse.
+        poison = poison + gl.where(gl.max(bad_any, 0) > 0, float("nan"), 0.0)
+        has_tokens = running_sum != 0
+        safe_sum = gl.where(has_tokens, running_sum, 1.0)
+        lse2 = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf")) + poison
+        scale = gl.where(whole, gl.where(has_tokens, 1.0 / safe_sum, 0.0) + poison, 1.0 / safe_sum)
+        mbarrier.wait(fin_free, (k & 1) ^ 1, pred=k >= 1)  # warpgroup 1 has read the last piece's scale
+        o_scale.store(scale)
         gl.thread_barrier()
-        mbarrier.arrive(p_ready.index(pb), count=1)
-        factor = gl.expand_dims(gl.convert_layout(correction, O_ROW), 1)
-        acc0, acc1 = _sparse_ws_pv(p_smem.index(pb), kbuf, buf, 0, acc0, acc1, factor)
-        gl.thread_barrier()  # every warp's MMAs have read the tile
-        mbarrier.arrive(free.index(buf), count=1)
-
-    # The epilogue: one split writes out and lse; several write partials that the last merges.
-    poison = poison + gl.where(gl.max(bad_any, 0) > 0, float("nan"), 0.0)
-    has_tokens = running_sum != 0
-    safe_sum = gl.where(has_tokens, running_sum, 1.0)
-    lse2 = gl.where(has_tokens, running_max + gl.log2(safe_sum), float("-inf")) + poison
-    if NUM_SPLITS == 1:
-        scale = gl.where(has_tokens, 1.0 / safe_sum, 0.0) + poison
-    else:
-        scale = 1.0 / safe_sum
-    o_scale.store(scale)
-    gl.thread_barrier()
-    mbarrier.arrive(fin, count=1)
-    heads = group * 64 + gl.arange(0, 64, layout=O_ROW)
-    row_ok = heads < num_heads
-    lse_heads = group * 64 + gl.arange(0, 64, layout=S_ROW)
-    if NUM_SPLITS == 1:
-        _sparse_ws_out(acc0, acc1, gl.convert_layout(scale, O_ROW), 0, out_row, heads * stride_o_head, row_ok, O_MMA)
-        gl.store(lse_row + lse_heads * stride_lse_head, _natural_lse(lse2), mask=lse_heads < num_heads)
-    else:
-        slot_id = pair * NUM_SPLITS + split
-        local = gl.arange(0, 64, layout=O_ROW) * 512
-        _sparse_ws_out(acc0, acc1, gl.convert_layout(scale, O_ROW), 0, PARTIAL_O + slot_id.to(gl.int64) * (512 * 64),
-                       local, local >= 0, O_MMA)
-        gl.store(PARTIAL_LSE + slot_id * 64 + gl.arange(0, 64, layout=S_ROW), lse2)
-        mbarrier.wait(stored, 0)  # warpgroup 1's half of the partial is stored
-        gl.thread_barrier()  # every thread's partial stores precede the ticket's release
-        if gl.atomic_add(SPLIT_TICKETS + pair, 1, sem="acq_rel") == NUM_SPLITS - 1:
-            SLICE: gl.constexpr = 512 // triton.next_power_of_2(NUM_SPLITS)
-            first = pair * NUM_SPLITS
-            for dim_begin in range(0, 512, SLICE):
-                _merge_slice(PARTIAL_O, PARTIAL_LSE, out_row, first, dim_begin, kv_scale=1.0, WARPS=4,
-                             NUM_SPLITS=NUM_SPLITS, SLICE=SLICE, NUM_HEADS=64, LATENT=512, rows=heads * stride_o_head,
-                             row_ok=row_ok)
-            merged = _merged_lse(PARTIAL_LSE, first, NUM_SPLITS, MAX_SPLITS=triton.next_power_of_2(NUM_SPLITS),
-                                 NUM_HEADS=64, WARPS=4)
-            heads_lse = group * 64 + gl.arange(0, 64, layout=merged.type.layout)
-            gl.store(lse_row + heads_lse * stride_lse_head, _natural_lse(merged), mask=heads_lse < num_heads)
-            gl.atomic_xchg(SPLIT_TICKETS + pair, 0)
+        mbarrier.arrive(fin, count=1)
+        _sparse_ws_out(acc0, acc1, gl.convert_layout(scale, O_ROW), 0, whole, out_row, slot, group, num_heads,
+                       stride_o_head, PARTIAL_O, O_MMA)
+        lse_heads = group * 64 + gl.arange(0, 64, layout=S_ROW)
+        if whole:
+            gl.store(lse_row + lse_heads * stride_lse_head, _natural_lse(lse2), mask=lse_heads < num_heads)
+        else:
+            gl.store(PARTIAL_LSE + slot * 64 + gl.arange(0, 64, layout=S_ROW), lse2)
+        k += 1
 
 
 @gluon.jit
-def _sparse_ws_second(smem, bars, io, entries, query_args, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr):
-    """Warpgroup 1: per tile, once P is published (p_ready) and the tile is in (ready), its
-    accumulators rescaled and O += P.V for dims 256-511; P's buffer (p_free) and the tile (free)
-    released. Then, on `fin`, its dims of out or of the split's partial (`stored`)."""
+def _sparse_ws_second(smem, bars, io, schedule, query_ins, num_heads, stride_o_head,
+                      HAS_TOPK_LENGTH: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Warpgroup 1, per piece: per tile, once P is published (p_ready) and the tile is in (ready),
+    its accumulators rescaled and O += P.V for dims 256-511; P's buffer (p_free) and the tile
+    (free) released. Then, on `fin`, its dims of out or of the piece's partial; fin_free."""
     O_MMA: gl.constexpr = _sparse_ws_layouts(BLOCK_N)[1]
     O_ROW: gl.constexpr = gl.SliceLayout(1, O_MMA)
+    P_BUFS: gl.constexpr = 64 // BLOCK_N
     q_lat, q_rope, kbuf, krope, p_smem, c_smem, o_scale = smem
-    ready, free, p_ready, p_free, fin, stored = bars
-    OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS = io
-    num_tiles = entries[3]
-    q_row, out_row, lse_row, group, pair, split, num_heads, stride_q_head, stride_o_head, stride_lse_head = query_args
-    acc2 = gl.zeros([64, 128], gl.float32, O_MMA)
-    acc3 = gl.zeros([64, 128], gl.float32, O_MMA)
-    for t in range(num_tiles):
-        buf = t % STAGES
-        pb = t % 2
-        mbarrier.wait(p_ready.index(pb), (t // 2) & 1)
-        mbarrier.wait(ready.index(buf), (t // STAGES) & 1)
-        factor = gl.expand_dims(c_smem.index(pb).load(O_ROW), 1)
-        acc2, acc3 = _sparse_ws_pv(p_smem.index(pb), kbuf, buf, 2, acc2, acc3, factor)
-        gl.thread_barrier()  # every warp's MMAs have read P and the tile
-        mbarrier.arrive(p_free.index(pb), count=1)
-        mbarrier.arrive(free.index(buf), count=1)
-    mbarrier.wait(fin, 0)
-    scale = o_scale.load(O_ROW)
-    if NUM_SPLITS == 1:
-        heads = group * 64 + gl.arange(0, 64, layout=O_ROW)
-        _sparse_ws_out(acc2, acc3, scale, 2, out_row, heads * stride_o_head, heads < num_heads, O_MMA)
-    else:
-        slot_id = pair * NUM_SPLITS + split
-        local = gl.arange(0, 64, layout=O_ROW) * 512
-        _sparse_ws_out(acc2, acc3, scale, 2, PARTIAL_O + slot_id.to(gl.int64) * (512 * 64), local, local >= 0, O_MMA)
-        gl.thread_barrier()
-        mbarrier.arrive(stored, count=1)
+    ready, free, p_ready, p_free, fin, fin_free = bars
+    TOPK_LENGTH, PARTIAL_O, PARTIAL_LSE = io
+    schedule = _sparse_ws_run(schedule, BLOCK_N)
+    begin, end, tiles_per_unit = schedule[0], schedule[1], schedule[2]
+    g = 0
+    k = 0
+    for u in range(begin // tiles_per_unit, gl.cdiv(end, tiles_per_unit)):
+        whole, slot, entries, rows, group, _ = _sparse_ws_piece(u, schedule, query_ins, TOPK_LENGTH,
+                                                                HAS_TOPK_LENGTH, BLOCK_N)
+        num_tiles = entries[3]
+        acc2 = gl.zeros([64, 128], gl.float32, O_MMA)
+        acc3 = gl.zeros([64, 128], gl.float32, O_MMA)
+        for _ in range(num_tiles):
+            buf = g % STAGES
+            pb = g % P_BUFS
+            mbarrier.wait(p_ready.index(pb), (g // P_BUFS) & 1)
+            mbarrier.wait(ready.index(buf), (g // STAGES) & 1)
+            factor = gl.expand_dims(c_smem.index(pb).load(O_ROW), 1)
+            acc2, acc3 = _sparse_ws_pv(p_smem.index(pb), kbuf, buf, 2, acc2, acc3, factor)
+            gl.thread_barrier()  # every warp's MMAs have read P and the tile
+            mbarrier.arrive(p_free.index(pb), count=1)
+            mbarrier.arrive(free.index(buf), count=1)
+            g += 1
+        mbarrier.wait(fin, k & 1)
+        scale = o_scale.load(O_ROW)
+        gl.thread_barrier()  # every warp has read the scale
+        mbarrier.arrive(fin_free, count=1)
+        _sparse_ws_out(acc2, acc3, scale, 2, whole, rows[1], slot, group, num_heads, stride_o_head, PARTIAL_O, O_MMA)
+        k += 1
 
 
 @gluon.jit
 def _mla_sparse_hopper_kernel(
-    Q, KV8, KV32, KV16, INDICES, TOPK_LENGTH, OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS,
-    sm_scale_log2, capacity, page_size, num_heads, q_len, topk,
+    Q, KV8, KV32, KV16, INDICES, TOPK_LENGTH, OUT, LSE, PARTIAL_O, PARTIAL_LSE,
+    sm_scale_log2, capacity, num_units, groups, num_heads, q_len, topk,
     stride_q_batch, stride_q_token, stride_q_head, stride_kv_block, stride_idx_batch, stride_idx_token,
     stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head, stride_lse_token,
-    NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, STAGES: gl.constexpr,
-    WARPS: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    BLOCK_N: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
 ):
-    """_mla_sparse_kernel's contract (arguments, grid, splits, poison, partials merged by the last
-    split) at 64 heads a program on Hopper, warp-specialised: see the section's comment. PAGE_SIZE
-    is page_size's value."""
+    """The sparse form on Hopper, warp-specialised (see the section's comment), as a persistent
+    schedule: the num_units units (a query token's `groups` head groups of 64, each cdiv(topk,
+    BLOCK_N) tiles) are laid end to end and cut into one even run of tiles per program. A unit that
+    one program takes whole is written as out and lse; the pieces of a cut unit go to partial slots
+    (program + unit) that _mla_sparse_combine_kernel merges. PAGE_SIZE is the cache's page size."""
     gl.static_assert(WARPS == 4, "three warpgroups of 4 warps: the launch's 4 are warpgroup 0")
-    query = gl.program_id(0)
-    split = gl.program_id(1)
-    group = gl.program_id(2)
-    batch = query // q_len
-    q_token = query % q_len
+    schedule = (num_units, groups, topk)
+    query_ins = (INDICES, Q, OUT, LSE, capacity, q_len, topk, stride_kv_block,
+                 (stride_q_batch, stride_q_token, stride_idx_batch, stride_idx_token, stride_o_batch, stride_o_token,
+                  stride_lse_batch, stride_lse_token))
 
-    # The query's entries: the first topk_length[batch] of its row (a bad length poisons them all),
-    # cut into NUM_SPLITS whole-tile chunks.
-    length = topk
-    if HAS_TOPK_LENGTH:
-        length = gl.load(TOPK_LENGTH + batch)
-    poison = gl.where((length < 0) | (length > topk), float("nan"), 0.0)
-    length = gl.where(poison != poison, 0, length)
-    split_len = gl.cdiv(gl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    split_begin = gl.minimum(split * split_len, length)
-    split_end = gl.minimum(split_begin + split_len, length)
-    num_tiles = gl.cdiv(split_end - split_begin, BLOCK_N)
-    idx_row = INDICES + batch.to(gl.int64) * stride_idx_batch + q_token * stride_idx_token
-    entries = (idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block)
-    query_args = (Q + batch.to(gl.int64) * stride_q_batch + q_token * stride_q_token,
-                  OUT + batch.to(gl.int64) * stride_o_batch + q_token * stride_o_token,
-                  LSE + batch.to(gl.int64) * stride_lse_batch + q_token * stride_lse_token,
-                  group, query * gl.num_programs(2) + group, split, num_heads, stride_q_head, stride_o_head,
-                  stride_lse_head)
-
-    FLAT1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BAR: gl.constexpr = mbarrier.MBarrierLayout()
+    FLAT1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     kbuf = gl.allocate_shared_memory(gl.bfloat16, [4 * STAGES, BLOCK_N, 128],
                                      gl.NVMMASharedLayout.get_default_for([BLOCK_N, 128], gl.bfloat16))
     krope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, 64],
@@ -4426,35 +4540,72 @@ def _mla_sparse_hopper_kernel(
                                       gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16))
     q_rope = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64],
                                                                                                    gl.bfloat16))
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 64, BLOCK_N],
+    P_BUFS: gl.constexpr = 64 // BLOCK_N
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [P_BUFS, 64, BLOCK_N],
                                        gl.NVMMASharedLayout.get_default_for([64, BLOCK_N], gl.bfloat16))
-    c_smem = gl.allocate_shared_memory(gl.float32, [2, 64], FLAT1)
+    c_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, 64], FLAT1)
     o_scale = gl.allocate_shared_memory(gl.float32, [64], FLAT1)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], BAR)
-    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
-    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
+    p_ready = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], BAR)
+    p_free = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], BAR)
     fin = gl.allocate_shared_memory(gl.int64, [1], BAR)
-    stored = gl.allocate_shared_memory(gl.int64, [1], BAR)
+    fin_free = gl.allocate_shared_memory(gl.int64, [1], BAR)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(free.index(i), count=2)
-    for i in gl.static_range(2):
+    for i in gl.static_range(P_BUFS):
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=1)
     mbarrier.init(fin, count=1)
-    mbarrier.init(stored, count=1)
+    mbarrier.init(fin_free, count=1)
     gl.thread_barrier()
     smem = (q_lat, q_rope, kbuf, krope, p_smem, c_smem, o_scale)
-    bars = (ready, free, p_ready, p_free, fin, stored)
-    io = (OUT, LSE, PARTIAL_O, PARTIAL_LSE, SPLIT_TICKETS)
+    bars = (ready, free, p_ready, p_free, fin, fin_free)
+    io = (TOPK_LENGTH, PARTIAL_O, PARTIAL_LSE)
     gl.warp_specialize([
-        (_sparse_ws_main, (smem, bars, io, entries, sm_scale_log2, poison, query_args, NUM_SPLITS, BLOCK_N,
-                            PAGE_SIZE, STAGES)),
-        (_sparse_ws_second, (smem, bars, io, entries, query_args, NUM_SPLITS, BLOCK_N, STAGES)),
-        (_sparse_ws_producer, ((KV8, KV16, KV32), (kbuf, krope), (ready, free), entries, STAGES, BLOCK_N,
-                               PAGE_SIZE))],
+        (_sparse_ws_main, (smem, bars, io, schedule, query_ins, sm_scale_log2, num_heads, stride_q_head,
+                           stride_o_head, stride_lse_head, HAS_TOPK_LENGTH, BLOCK_N, PAGE_SIZE, STAGES)),
+        (_sparse_ws_second, (smem, bars, io, schedule, query_ins, num_heads, stride_o_head, HAS_TOPK_LENGTH,
+                             BLOCK_N, STAGES)),
+        (_sparse_ws_producer, ((KV8, KV16, KV32), (kbuf, krope), (ready, free), schedule, query_ins, TOPK_LENGTH,
+                               HAS_TOPK_LENGTH, STAGES, BLOCK_N, PAGE_SIZE))],
         [4, 4], [168, 96])
+
+
+@gluon.jit
+def _sparse_run_of(tile, total, programs):
+    """The program whose run (_sparse_ws_run) holds `tile`."""
+    base = total // programs
+    longer = total % programs
+    return gl.where(tile < longer * (base + 1), tile // (base + 1), longer + (tile - longer * (base + 1)) // base)
+
+
+@gluon.jit
+def _mla_sparse_combine_kernel(PARTIAL_O, PARTIAL_LSE, OUT, LSE, num_units, programs, num_heads, q_len, topk,
+                               stride_o_batch, stride_o_token, stride_o_head, stride_lse_batch, stride_lse_head,
+                               stride_lse_token, GROUPS: gl.constexpr, BLOCK_N: gl.constexpr,
+                               MAX_PIECES: gl.constexpr, DIMS: gl.constexpr, WARPS: gl.constexpr):
+    """_mla_sparse_hopper_kernel's cut units merged: program (unit, part) merges dims [part x DIMS,
+    part x DIMS + DIMS) of the unit's 64 rows from its pieces' partials (slots program + unit of
+    the programs whose runs of tiles meet the unit), where there are several."""
+    u = gl.program_id(0)
+    tiles_per_unit = gl.cdiv(topk, BLOCK_N)
+    first_program = _sparse_run_of(u * tiles_per_unit, num_units * tiles_per_unit, programs)
+    pieces = _sparse_run_of(u * tiles_per_unit + tiles_per_unit - 1, num_units * tiles_per_unit, programs) \
+        - first_program + 1
+    if pieces > 1:
+        query = u // GROUPS
+        group = u % GROUPS
+        batch = query // q_len
+        q_token = query % q_len
+        ROW_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        heads = group * 64 + gl.arange(0, 64, layout=ROW_LAYOUT)
+        out_base = OUT + batch.to(gl.int64) * stride_o_batch + q_token * stride_o_token
+        lse_rows = LSE + batch.to(gl.int64) * stride_lse_batch + heads * stride_lse_head + q_token * stride_lse_token
+        _merge_request(PARTIAL_O, PARTIAL_LSE, out_base, heads * stride_o_head, lse_rows, heads < num_heads,
+                       first_program + u, pieces, 1.0, gl.program_id(1) * DIMS, WARPS=WARPS, MAX_SPLITS=MAX_PIECES,
+                       NUM_HEADS=64, LATENT=512, DIMS=DIMS)
 
 
 # --- Hopper: the combine kernel (the serving kernels' split requests merged) -----------------
@@ -5543,7 +5694,8 @@ def _fill_plan(plan, shape, device, capacity, tma_readable=True):
     """Fix the plan's shape, route (serving_route), kernel, split count and workspace on its first
     call: float32 partials and lse per (row group, partial slot), and counters (the portable
     kernel's tickets, zero between its calls; or each request's first partial slot and split count,
-    written by the Hopper kernel for _mla_combine_kernel)."""
+    written by the Hopper kernel for _mla_combine_kernel). The Hopper sparse kernel's slots: a
+    program's and a unit's at most (program + unit); one word stands in for an absent topk_length."""
     if plan.num_splits is not None and (isinstance(plan.num_splits, bool) or not isinstance(plan.num_splits, int)
                                         or not 1 <= plan.num_splits <= 65535):
         raise ValueError(f"plan.num_splits is {plan.num_splits!r}: None or a count from 1 to 65535")
@@ -5559,6 +5711,10 @@ def _fill_plan(plan, shape, device, capacity, tma_readable=True):
     if route.row["route"] == "hopper_paged":
         slots = groups * (plan.num_splits + shape.batch)  # work items: at most a chunk count plus one per request
         counters = 2 * shape.batch
+    elif route.row["route"] == "hopper_sparse":  # a partial slot per program and unit at most, where units are cut
+        units, tiles = shape.batch * groups, triton.cdiv(shape.topk, route.row["params"]["block_n"])
+        slots = plan.num_splits + units if sparse_pieces(units, tiles, plan.num_splits) > 1 else 1
+        counters = 1
     else:
         slots = shape.batch * groups * plan.num_splits if plan.num_splits > 1 else 1
         counters = shape.batch * groups
@@ -5733,28 +5889,38 @@ def _sparse_call(plan, sm_scale):
 
 
 def _sparse_launch(plan, q, k_cache, indices, topk_length, out, lse, sm_scale):
-    """The plan's sparse kernel (_mla_sparse_kernel or _mla_sparse_hopper_kernel) for one call, on
-    the plan's split count and workspace: grid (query tokens of the batch, splits, head groups);
-    the cache's bytes seen as fp8, float32 and bf16 (its tokens' latent values, scales and rope
-    values)."""
+    """The plan's sparse kernel for one call on the plan's workspace, the cache's bytes seen as fp8,
+    float32 and bf16 (its tokens' latent values, scales and rope values): _mla_sparse_kernel on
+    grid (query tokens of the batch, splits, head groups); or _mla_sparse_hopper_kernel on the
+    plan's program count, then _mla_sparse_combine_kernel where that cuts a unit."""
     shape, params = plan.shape, plan.route["params"]
     partial_o, partial_lse, tickets = plan.workspace
     cache = k_cache.select(2, 0)  # (num_blocks, page, 656): the head dimension's stride plays no part
     tensors = (q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), cache.view(torch.bfloat16), indices,
-               tickets if topk_length is None else topk_length, out, lse, partial_o, partial_lse, tickets)
-    scalars = (sm_scale * LOG2E, k_cache.shape[0] * shape.page_size, shape.page_size, shape.h_q, shape.s_q, shape.topk,
-               q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), indices.stride(0), indices.stride(1),
+               tickets if topk_length is None else topk_length, out, lse, partial_o, partial_lse)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), indices.stride(0), indices.stride(1),
                out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2))
-    grid = (shape.batch * shape.s_q, plan.num_splits, triton.cdiv(shape.h_q, params["rows"]))
+    capacity = k_cache.shape[0] * shape.page_size
+    groups = triton.cdiv(shape.h_q, params["rows"])
     if plan.kernel is _mla_sparse_hopper_kernel:  # its stages are its bf16 tiles, not the pipeliner's
-        constexprs = {"NUM_SPLITS": plan.num_splits, "BLOCK_N": params["block_n"],
-                      "HAS_TOPK_LENGTH": topk_length is not None, "STAGES": params["num_stages"],
-                      "WARPS": params["num_warps"], "PAGE_SIZE": shape.page_size}
-        launch(_mla_sparse_hopper_kernel, grid, tensors, scalars, constexprs, params["num_warps"], 1)
+        units = shape.batch * shape.s_q * groups
+        constexprs = {"BLOCK_N": params["block_n"], "HAS_TOPK_LENGTH": topk_length is not None,
+                      "STAGES": params["num_stages"], "WARPS": params["num_warps"], "PAGE_SIZE": shape.page_size}
+        launch(_mla_sparse_hopper_kernel, (plan.num_splits,), tensors,
+               (sm_scale * LOG2E, capacity, units, groups, shape.h_q, shape.s_q, shape.topk, *strides), constexprs,
+               params["num_warps"], 1)
+        if sparse_pieces(units, triton.cdiv(shape.topk, params["block_n"]), plan.num_splits) > 1:
+            merge = {"GROUPS": groups, "BLOCK_N": params["block_n"], "MAX_PIECES": SPARSE_MAX_PIECES,
+                     "DIMS": SPARSE_COMBINE_DIMS, "WARPS": 4}
+            launch(_mla_sparse_combine_kernel, (units, V_HEAD_DIM // SPARSE_COMBINE_DIMS),
+                   (partial_o, partial_lse, out, lse),
+                   (units, plan.num_splits, shape.h_q, shape.s_q, shape.topk, *strides[6:]), merge, merge["WARPS"], 1)
     else:
         constexprs = {"NUM_SPLITS": plan.num_splits, "BLOCK_N": params["block_n"], "ROWS": params["rows"],
                       "HAS_TOPK_LENGTH": topk_length is not None}
-        launch(_mla_sparse_kernel, grid, tensors, scalars, constexprs, params["num_warps"], params["num_stages"])
+        launch(_mla_sparse_kernel, (shape.batch * shape.s_q, plan.num_splits, groups), (*tensors, tickets),
+               (sm_scale * LOG2E, capacity, shape.page_size, shape.h_q, shape.s_q, shape.topk, *strides), constexprs,
+               params["num_warps"], params["num_stages"])
 
 
 # =============================================================================================

@@ -19,9 +19,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def test_every_marker_applies_to_submission():
     source = sparse_trace.instrumented_source(str(REPO_ROOT / "submission.py"))
     compile(source, "traced_submission.py", "exec")
-    # a stamp at each loop's start and end; each loop's start and end clocks and its phases' (7, 4, 4)
-    assert source.count("%globaltimer") == 6 and source.count("%clock64") == 3 * 2 + 7 + 4 + 4
+    # per partition a stamp before and after its outer loop, a clock there too, and its phases' clocks in a
+    # tile (warpgroup 0: 7 bounds and the P.V span's end; warpgroup 1: 4; the producer: 1 a tile, 3 a half, 1)
+    assert source.count("%globaltimer") == 6 and source.count("%clock64") == 3 * 2 + 8 + 4 + 5
     assert "TRACE_BUFFER = None" in source
+    # TRACE reaches the Hopper kernel (signature dict and launch) and its three partitions, not the portable one
+    assert '"TRACE": "*i64",' in source and "(*tensors, TRACE_BUFFER)" in source
+    assert source.count(", TRACE):\n") == 3 and source.count("TRACE))") == 3
+    assert source.count("g.to(gl.int64)") == 3  # each record's tiles: the program's tile count
 
 
 def test_a_marker_that_moved_fails_loudly(monkeypatch):
@@ -50,8 +55,9 @@ def test_instrumented_sparse_kernel_compiles_for_sm90_with_its_clocks(tmp_path, 
     dumped = list(dump.glob("_mla_sparse_hopper_kernel-*"))
     assert dumped
     for asm in dumped:
-        text = asm.read_text()  # three partitions' clocks and stamps
-        assert text.count("globaltimer") >= 6 and text.count("clock64") >= 21, asm.name
+        # three partitions' stamps and clocks, the producer's per-half ones once a half (static_range)
+        text, halves = asm.read_text(), row["params"]["block_n"] // 32
+        assert text.count("globaltimer") >= 6 and text.count("clock64") >= 3 * 2 + 8 + 4 + 2 + 3 * halves, asm.name
 
 
 def test_the_summary_gives_each_phase_a_tile():

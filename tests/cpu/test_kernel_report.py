@@ -118,6 +118,9 @@ SEESAW_BF16_TILE_LOOP_SPILLS = 21
 # the tokens-as-M span kernels' tile loops: the bf16 16-row one with a causal mask reloads one word a tile
 # (lab/NOTES.md h76: one LDL in about 1,200 instructions), the others none
 SPAN_TILE_LOOP_SPILLS = 1
+# the warp-specialised sparse kernel's tile loops: the producer reloads the shared-memory base (lab/NOTES.md h113:
+# 2 local loads, with and without topk_length; more registers for the producer do not remove them)
+SPARSE_TILE_LOOP_SPILLS = 2
 
 
 def spans_spill_outside_tile_loops(record):
@@ -134,12 +137,12 @@ def spans_spill_outside_tile_loops(record):
             and record.get("hot_loop_locals") is not None and record["hot_loop_locals"] <= allowed)
 
 
-def merge_spills_outside_tile_loops(record):
-    """The warp-specialised sparse kernel with several splits: the merge of the splits, which its
-    warpgroup 0 runs after the tile loop when its split is the last, reloads a few values there
-    (ptxas, within the warpgroup's registers); allowed where the tile loops hold no spill code."""
+def sparse_spills_within_allowance(record):
+    """The warp-specialised sparse kernel: its producer's tile loop reloads the shared-memory base
+    (SPARSE_TILE_LOOP_SPILLS), nothing else."""
     return (record["target"] == "sm90" and record.get("kernel") == "_mla_sparse_hopper_kernel"
-            and (record.get("constexprs") or {}).get("NUM_SPLITS", 1) > 1 and record.get("hot_loop_locals") == 0)
+            and record.get("hot_loop_locals") is not None
+            and record["hot_loop_locals"] <= SPARSE_TILE_LOOP_SPILLS)
 
 
 def tile_loop_spills(kernel, bf16):
@@ -154,7 +157,7 @@ def tile_loop_spills(kernel, bf16):
 def test_no_spills_no_scratch(report, target):
     bad = [kr.describe_record(r) for r in compiled(report, target)
            if not (r["spill_parsed"] and (r["spill_free"] or spans_spill_outside_tile_loops(r)
-                                          or merge_spills_outside_tile_loops(r)))]
+                                          or sparse_spills_within_allowance(r)))]
     assert not bad, (f"{target}: configs that spill or use scratch (choose another num_warps / BLOCK_N / "
                      "num_stages in the route table):\n" + "\n".join(bad))
 
