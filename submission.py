@@ -2303,15 +2303,25 @@ _SPARSE_HOPPER_SIGNATURE = {
 
 def hopper_sparse_compile_plan(params, fp8_dtype="fp8e4nv", num_splits=(1, 2), topk_length=(False, True)):
     """The warp-specialised sparse kernel at the Hopper row's params, sm_90 only: with and without
-    topk_length, aligned as triton_sparse_compile_plan's."""
+    topk_length, aligned as triton_sparse_compile_plan's; then its merge kernel at two head groups,
+    as _sparse_launch launches it."""
     del fp8_dtype, num_splits  # the program count is a launch's grid
     p = params
+    merge_signature = {"PARTIAL_O": "*fp32", "PARTIAL_LSE": "*fp32", "OUT": "*bf16", "LSE": "*fp32",
+                       **{name: "i32" for name in ("num_units", "programs", "num_heads", "q_len", "topk",
+                                                   "stride_o_batch", "stride_o_token", "stride_o_head",
+                                                   "stride_lse_batch", "stride_lse_head", "stride_lse_token")}}
+    merge = {"kernel": _mla_sparse_combine_kernel, "signature": merge_signature, "targets": ["sm90"],
+             "constexprs": {"GROUPS": 2, "BLOCK_N": p["block_n"], "MAX_PIECES": SPARSE_MAX_PIECES,
+                            "DIMS": SPARSE_COMBINE_DIMS, "WARPS": 4},
+             "aligned_args": [name for name, kind in merge_signature.items() if kind[0] == "*"],
+             "num_warps": 4, "num_stages": 1}
     return [{"kernel": _mla_sparse_hopper_kernel, "signature": dict(_SPARSE_HOPPER_SIGNATURE),
              "constexprs": {"BLOCK_N": p["block_n"], "HAS_TOPK_LENGTH": has,
                             "STAGES": p["num_stages"], "WARPS": p["num_warps"], "PAGE_SIZE": 64},
              "aligned_args": [name for name in _SPARSE_ALIGNED_ARGS if name in _SPARSE_HOPPER_SIGNATURE],
              "range32_args": [], "num_warps": p["num_warps"], "num_stages": 1, "targets": ["sm90"]}
-            for has in topk_length]
+            for has in topk_length] + [merge]
 
 
 # =============================================================================================

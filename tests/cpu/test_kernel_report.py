@@ -169,8 +169,9 @@ def test_lds_within_limit(report, target):
     assert not bad, f"{target}: LDS / shared memory above {limit // 1024} KiB per block:\n" + "\n".join(bad)
 
 
-# kernels with no matrix work by design: the serving API's merge of split requests (lab/NOTES.md h72)
-MERGE_KERNELS = {"_mla_combine_kernel"}
+# kernels with no matrix work by design: the serving API's merges of split requests (lab/NOTES.md h72) and of
+# the sparse kernel's cut units (h113)
+MERGE_KERNELS = {"_mla_combine_kernel", "_mla_sparse_combine_kernel"}
 
 
 @pytest.mark.parametrize("target", BAR_TARGETS)

@@ -362,7 +362,7 @@ from tools import kernel_report as K
 import submission as S
 spec = K.TARGETS[sys.argv[1]]
 params = next(row["params"] for row in S.SERVING_ROUTE_TABLE if row["route"] == sys.argv[2])
-(entry,) = S.TRITON_COMPILE_PLANS[sys.argv[2]](params, num_splits=(2,), topk_length=(True,))
+entry = S.TRITON_COMPILE_PLANS[sys.argv[2]](params, num_splits=(2,), topk_length=(True,))[0]  # the decode kernel
 facts, _ = K.compile_and_analyse(*K.complete_plan_entry(entry, spec), spec)
 print(json.dumps({"spills": facts["spills"], "mma": facts["mma"]["loop_count"],
                   "loop_locals": facts.get("hot_loop_locals")}))
