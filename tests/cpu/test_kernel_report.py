@@ -118,8 +118,9 @@ SEESAW_BF16_TILE_LOOP_SPILLS = 21
 # the tokens-as-M span kernels' tile loops: the bf16 16-row one with a causal mask reloads one word a tile
 # (lab/NOTES.md h76: one LDL in about 1,200 instructions), the others none
 SPAN_TILE_LOOP_SPILLS = 1
-# the warp-specialised sparse kernel's tile loops: the producer reloads the shared-memory base (lab/NOTES.md h113:
-# 2 local loads, with and without topk_length; more registers for the producer do not remove them)
+# the warp-specialised sparse kernel's tile loops: its worker partitions reload the shared-memory base, which the
+# partitions' dispatch keeps in local memory (lab/NOTES.md h113: 2 loads a tile in warpgroup 1's loop, the loop
+# counted here, with and without topk_length; 4 in the producer's)
 SPARSE_TILE_LOOP_SPILLS = 2
 
 
@@ -138,7 +139,7 @@ def spans_spill_outside_tile_loops(record):
 
 
 def sparse_spills_within_allowance(record):
-    """The warp-specialised sparse kernel: its producer's tile loop reloads the shared-memory base
+    """The warp-specialised sparse kernel: its tile loops reload the shared-memory base
     (SPARSE_TILE_LOOP_SPILLS), nothing else."""
     return (record["target"] == "sm90" and record.get("kernel") == "_mla_sparse_hopper_kernel"
             and record.get("hot_loop_locals") is not None

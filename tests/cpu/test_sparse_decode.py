@@ -385,7 +385,7 @@ def test_the_kernel_compiles_for_the_gpus(tmp_path, target, route):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["mma"] > 0
-    if route == "hopper_sparse":  # the shared-memory base reloaded in the producer's loop, nothing else
+    if route == "hopper_sparse":  # the shared-memory base reloaded in the tile loops, nothing else
         assert result["loop_locals"] <= SPARSE_TILE_LOOP_SPILLS, result
     elif target == "sm90":
         assert result["spills"]["spill_store_bytes"] == 0, result
