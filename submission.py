@@ -1058,7 +1058,7 @@ SERVING_ROUTE_TABLE = [
     # the sparse form (DeepSeek-V3.2's top-k indices over the 656-byte cache), Hopper: the warp-specialised
     # kernel, 64 heads a program (rows), so that each entry is gathered and dequantised once for them all;
     # 64 entries a tile (block_n), three warpgroups of num_warps, num_stages bf16 tiles beside q and P:
-    # 225 KiB of shared memory (h113)
+    # 225 KiB of shared memory
     {"kv": "fp8_sparse", "route": "hopper_sparse",
      "params": {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}},
     # the sparse form elsewhere: 16 heads and 16 entries at 8 warps, which compiles without spills for sm_90
@@ -4233,8 +4233,9 @@ def _sparse_ws_dequantise(raw, kbuf, krope, buf, half: gl.constexpr, BLOCK_N: gl
 def _sparse_ws_run(units, BLOCK_N: gl.constexpr):
     """This program's run of the schedule: the units (num_units, groups, topk) laid end to end,
     cdiv(topk, BLOCK_N) tiles each, cut into one run a program, the first total % programs runs a
-    tile longer (as sparse_pieces counts): (first tile, end tile, tiles a unit, groups, program).
-    Each partition computes it from the program's id."""
+    tile longer (as sparse_pieces counts): ((first tile, end tile, tiles a unit, groups, program),
+    the first unit it meets, the unit after its last). Each partition computes it from the
+    program's id."""
     num_units, groups, topk = units
     program = gl.program_id(0)
     tiles_per_unit = gl.cdiv(topk, BLOCK_N)
@@ -4243,7 +4244,7 @@ def _sparse_ws_run(units, BLOCK_N: gl.constexpr):
     longer = total % gl.num_programs(0)
     begin = program * base + gl.minimum(program, longer)
     end = begin + base + (program < longer).to(gl.int32)
-    return begin, end, tiles_per_unit, groups, program
+    return (begin, end, tiles_per_unit, groups, program), begin // tiles_per_unit, gl.cdiv(end, tiles_per_unit)
 
 
 @gluon.jit
@@ -4293,10 +4294,9 @@ def _sparse_ws_producer(cache, tiles, bars, schedule, query_ins, TOPK_LENGTH, HA
     ready, free = bars
     ROWS: gl.constexpr = gl.SliceLayout(1, _sparse_ws_layouts(BLOCK_N)[4])
     HALVES: gl.constexpr = BLOCK_N // 32
-    schedule = _sparse_ws_run(schedule, BLOCK_N)
-    begin, end, tiles_per_unit = schedule[0], schedule[1], schedule[2]
+    schedule, first_unit, end_unit = _sparse_ws_run(schedule, BLOCK_N)
     g = 0
-    for u in range(begin // tiles_per_unit, gl.cdiv(end, tiles_per_unit)):
+    for u in range(first_unit, end_unit):
         _, _, entries, _, _, _ = _sparse_ws_piece(u, schedule, query_ins, TOPK_LENGTH, HAS_TOPK_LENGTH, BLOCK_N)
         idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
         rows, valid, _ = _sparse_ws_entries(idx_row, 0, split_begin, split_end, capacity, stride_kv_block, ROWS,
@@ -4401,11 +4401,10 @@ def _sparse_ws_main(smem, bars, io, schedule, query_ins, sm_scale_log2, num_head
     q_lat, q_rope, kbuf, krope, p_smem, c_smem, o_scale = smem
     ready, free, p_ready, p_free, fin, fin_free = bars
     TOPK_LENGTH, PARTIAL_O, PARTIAL_LSE = io
-    schedule = _sparse_ws_run(schedule, BLOCK_N)
-    begin, end, tiles_per_unit = schedule[0], schedule[1], schedule[2]
+    schedule, first_unit, end_unit = _sparse_ws_run(schedule, BLOCK_N)
     g = 0
     k = 0
-    for u in range(begin // tiles_per_unit, gl.cdiv(end, tiles_per_unit)):
+    for u in range(first_unit, end_unit):
         whole, slot, entries, rows, group, poison = _sparse_ws_piece(u, schedule, query_ins, TOPK_LENGTH,
                                                                      HAS_TOPK_LENGTH, BLOCK_N)
         idx_row, split_begin, split_end, num_tiles, capacity, stride_kv_block = entries
@@ -4491,11 +4490,10 @@ def _sparse_ws_second(smem, bars, io, schedule, query_ins, num_heads, stride_o_h
     q_lat, q_rope, kbuf, krope, p_smem, c_smem, o_scale = smem
     ready, free, p_ready, p_free, fin, fin_free = bars
     TOPK_LENGTH, PARTIAL_O, PARTIAL_LSE = io
-    schedule = _sparse_ws_run(schedule, BLOCK_N)
-    begin, end, tiles_per_unit = schedule[0], schedule[1], schedule[2]
+    schedule, first_unit, end_unit = _sparse_ws_run(schedule, BLOCK_N)
     g = 0
     k = 0
-    for u in range(begin // tiles_per_unit, gl.cdiv(end, tiles_per_unit)):
+    for u in range(first_unit, end_unit):
         whole, slot, entries, rows, group, _ = _sparse_ws_piece(u, schedule, query_ins, TOPK_LENGTH,
                                                                 HAS_TOPK_LENGTH, BLOCK_N)
         num_tiles = entries[3]

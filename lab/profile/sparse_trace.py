@@ -82,7 +82,7 @@ def _store(part, cycles):
 W0 = ["w_ready", "w_s", "w_soft", "w_pfree", "w_pub", "w_pv"]
 W1 = ["v_pready", "v_ready", "v_pv"]
 PR = ["r_load", "r_free", "r_deq"]
-UNITS = "    for u in range(begin // tiles_per_unit, gl.cdiv(end, tiles_per_unit)):\n"
+UNITS = "    for u in range(first_unit, end_unit):\n"
 I12, I16 = " " * 12, " " * 16  # the tile loop's body, the producer's half loop's
 
 
