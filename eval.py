@@ -51,7 +51,9 @@ the API's sparse form (DeepSeek-V3.2: top-k indices over FlashMLA's 656-byte fp8
 reference.generate_sparse_input makes it, mla_decode_with_kvcache(..., is_fp8_kvcache=True,
 indices=..., topk_length=...) runs it (a submission without the sparse form fails the case), and
 reference.check_sparse judges it strictly (1.25 x the format's own error against the bf16 values,
-bf16 bounds against the dequantised cache). specs/sparse.txt (GPU) and specs/sparse_cpu.txt.
+bf16 bounds against the dequantised cache), both references computed with the q the submission's
+kernel multiplies (its sparse_q_format(q, k_cache): "bf16" or "fp8"; bf16 without one; the table's
+q column, the rows' q_format). specs/sparse.txt (GPU) and specs/sparse_cpu.txt.
 """
 import argparse
 import base64
@@ -559,13 +561,22 @@ def sparse_call(decode, inputs, plan):
                   indices=inputs.indices, topk_length=inputs.topk_length)
 
 
+def sparse_q_format(sub, inputs) -> str:
+    """The q the submission's sparse kernel multiplies on ``inputs``: the answer of its
+    ``sparse_q_format(q, k_cache)`` ("bf16" or "fp8": the q of the route that would serve those
+    tensors), "bf16" where the submission has no such function."""
+    ask = getattr(sub, "sparse_q_format", None)
+    return "bf16" if ask is None else ask(inputs.q, inputs.k_cache)
+
+
 def sparse_prepare(sub, args: dict, device=None, *, reference_too: bool = True):
     """(inputs, expected, plan, decode) of a sparse case: the input made, its float64 references
-    and bounds (None without ``reference_too``) before anything runs, one plan for the case."""
+    and bounds (None without ``reference_too``) before anything runs, computed with the q the
+    submission's kernel multiplies (``sparse_q_format``), one plan for the case."""
     import reference
 
     inputs = reference.generate_sparse_input(**sparse_input_args(args), device=device)
-    expected = reference.sparse_expected(inputs) if reference_too else None
+    expected = reference.sparse_expected(inputs, sparse_q_format(sub, inputs)) if reference_too else None
     get_metadata, decode, _ = sparse_api(sub)
     plan, _ = get_metadata()
     return inputs, expected, plan, decode
@@ -630,7 +641,7 @@ def sparse_human_case(sub, args: dict, opts: dict) -> dict:
            "kv_format": "fp8_656", "rel_l2": None, "rel_l2_bound": None,
            "rel_l2_bound_declared": True, "lse_err": None, "lse_bound": None,
            "lse_fraction": None, "mismatch": None, "stats": None, "ref_stats": None,
-           "bytes": None, "tokens": None, "lengths": None}
+           "bytes": None, "tokens": None, "lengths": None, "q_format": None}
     try:
         row["fields"] = sparse_input_args(args)
         inputs, expected, plan, decode = sparse_prepare(sub, args, opts.get("device"))
@@ -644,7 +655,7 @@ def sparse_human_case(sub, args: dict, opts: dict) -> dict:
                    lse_err=verdict["lse_err"], lse_bound=verdict["lse_bound"],
                    lse_fraction=verdict["lse_fraction"], zero_rows=verdict["zero_rows"],
                    poisoned_rows=verdict["poisoned_rows"], message=reference.sparse_message(verdict),
-                   ok=verdict["ok"])
+                   q_format=verdict["q_format"], ok=verdict["ok"])
         row["problems"] += verdict["problems"]
         if opts["mode"] in ("benchmark", "leaderboard") and row["ok"] and opts.get("timed", True):
             flusher = utils.L2Flusher(opts.get("l2_flush", "default"), dev)
@@ -1253,12 +1264,12 @@ def format_serving_table(rows, mode: str, copy_bw=None, *, wide: bool = False,
 
 def format_sparse_table(rows, mode: str, copy_bw=None, *, wide: bool = False, timed: bool = True) -> str:
     """The sparse cases' table: each case's fields (b, s_q, h_q, page, s_k, varlen, topk,
-    topk_length, zeros), pass/FAIL, in timed modes the mean +- standard error and the GB/s of the
-    distinct tokens' bytes, then out's rel. L2 against the bf16 values with its share of the
-    bound (1.25 x the format's own error, ``wide``: both), against the dequantised cache, and
-    lse's max error; the FAIL lines after it."""
+    topk_length, zeros), pass/FAIL, the q the references multiply (bf16 or fp8), in timed modes
+    the mean +- standard error and the GB/s of the distinct tokens' bytes, then out's rel. L2
+    against the bf16 values with its share of the bound (1.25 x the format's own error, ``wide``:
+    both), against the dequantised cache, and lse's max error; the FAIL lines after it."""
     timed = timed and mode in ("benchmark", "leaderboard")
-    head = ["b", "s_q", "h_q", "page", "s_k", "var", "topk", "len", "zeros", "ok"]
+    head = ["b", "s_q", "h_q", "page", "s_k", "var", "topk", "len", "zeros", "ok", "q"]
     if timed:
         head += ["mean+-err us"] + (["median"] if wide else []) + ["GB/s %copy"]
     head += ["out relL2 %bound"] + (["format", "bound"] if wide else []) + ["vs fp8 cache", "lse err %bound"]
@@ -1267,7 +1278,7 @@ def format_sparse_table(rows, mode: str, copy_bw=None, *, wide: bool = False, ti
         f = r.get("fields") or {**SPARSE_DEFAULTS, **(r.get("args") or {})}
         line = [f.get("batchsize"), f.get("qseqlen"), f.get("heads"), f.get("page"), f.get("kvseqlen"),
                 int(bool(f.get("varlen"))), f.get("topk"), int(bool(f.get("topk_length"))), f.get("zeros"),
-                "pass" if r["ok"] else "FAIL"]
+                "pass" if r["ok"] else "FAIL", r.get("q_format") or "-"]
         if timed:
             st = r.get("stats")
             line.append(f"{st['mean'] / 1e3:.1f}+-{st['err'] / 1e3:.1f}" if st else "-")
@@ -1284,7 +1295,9 @@ def format_sparse_table(rows, mode: str, copy_bw=None, *, wide: bool = False, ti
     route = next((r["route"] for r in rows if r.get("route")), None)
     out = [f"sparse cases ({route or 'mla_decode_with_kvcache with indices'}):"] + _aligned(head, lines)
     _legend_and_failures(
-        out, rows, "out relL2: out's error against float64 attention over the bf16 values the cache was "
+        out, rows, "q: the q both float64 references multiply, as the kernel does (the submission's "
+        "sparse_q_format: bf16 as given, or fp8 per 128-dim tile as the cache); "
+        "out relL2: out's error against float64 attention over the bf16 values the cache was "
         "quantised from, on the rows that attend tokens, %bound its share of 1.25 x the 656-byte format's "
         "own error there; vs fp8 cache: against float64 attention over the dequantised cache (bound 1%); "
         "lse err: the largest |lse error| against the bf16 values, %bound the larger share of its bound and "

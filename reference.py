@@ -15,6 +15,10 @@
   ``generate_serving_input`` (a paged cache with NaN in every slot no request attends, garbage
   block ids past each row's blocks), ``mla_decode_paged_float64`` (its exact attention and lse),
   ``serving_out_bound`` / ``serving_lse_bound`` and ``check_serving`` (the strict bounds).
+- Sparse (DeepSeek-V3.2's top-k indices over FlashMLA's 656-byte fp8 cache): ``generate_sparse_input``,
+  ``mla_decode_sparse_float64``, ``round_q_sparse_fp8`` (q as a kernel that multiplies fp8 q rounds
+  it), ``sparse_expected(inputs, q_format)`` (both references with the q of the kernel judged, bf16
+  or fp8), ``judge_sparse`` / ``check_sparse`` (the strict bounds).
 """
 import dataclasses
 import math
@@ -1045,6 +1049,11 @@ def check_serving(inputs: ServingInput, out, lse,
 # for bad inputs: an entry below -1 or at or past num_blocks x page_size, or a topk_length outside
 # [0, topk], makes that query NaN (out and lse); a query with nothing to attend has out 0 and lse
 # +inf.
+#
+# q in the references: a kernel is judged against float64 attention computed with the q it
+# multiplies, bf16 as given (FlashMLA's sparse decode) or fp8 (``round_q_sparse_fp8``: the cache's
+# tile rule applied to each head's 512 latent dims, rope kept bf16), ``sparse_expected(inputs, q_format)``;
+# the format's own error and the bounds are then measured with that same q.
 
 SPARSE_TOKEN_BYTES = 656  # 512 fp8 latent + 4 float32 scales + 64 bf16 rope
 SPARSE_TILE = 128  # latent values per scale
@@ -1065,6 +1074,8 @@ SPARSE_GARBAGE_ENTRIES = (2147480000, -7)
 SPARSE_FORMAT_FACTOR = 1.25
 SPARSE_LSE_FLOOR = 1e-3  # added to the lse bound against the bf16 values (per-row spread)
 SPARSE_OUT_CEILING = 0.5  # zeros (rel L2 1.0) fail whatever the format's error
+# the q a sparse kernel multiplies: bf16 as given, or its latent dims rounded to fp8 (round_q_sparse_fp8)
+SPARSE_Q_FORMATS = ("bf16", "fp8")
 
 
 def _sparse_bytes(cache: torch.Tensor) -> torch.Tensor:
@@ -1093,6 +1104,40 @@ def quantize_sparse_cache(values: torch.Tensor) -> torch.Tensor:
     rope = flat[..., KV_LORA_RANK:].to(torch.bfloat16).contiguous()
     out[..., SPARSE_ROPE_AT:] = rope.view(torch.uint8).reshape(num_blocks, page, -1)
     return out.view(torch.float8_e4m3fn).reshape(num_blocks, page, NUM_KV_HEADS, SPARSE_TOKEN_BYTES)
+
+
+def _power_of_two_at_least(x: torch.Tensor) -> torch.Tensor:
+    """The least power of two >= each (positive, finite) float32 of ``x``, exactly: frexp gives x =
+    m x 2 ** e with m in [0.5, 1); m == 0.5 is a power of two already (2 ** (e - 1)), any other m
+    rounds up to 2 ** e. (log2 then ceil in float32 can round a value just above a power of two
+    down onto it.)"""
+    mantissa, exponent = torch.frexp(x)
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    return torch.ldexp(torch.ones_like(x), exponent)
+
+
+def round_q_sparse_fp8(q: torch.Tensor) -> torch.Tensor:
+    """q (..., 576), any float dtype, as float32 with its 512 latent dims rounded as an fp8 sparse
+    kernel rounds them before Q.K^T; the 64 rope dims as they are (bf16 q: exactly its values).
+
+    The rule, per (batch, query token, head), over its 512 latent dims with the cache's tile rule
+    (``quantize_sparse_cache``; SPARSE_FP8_MAX, SPARSE_SCALE_FLOOR) applied to the whole row: amax
+    = max |q| over the 512 dims in float32; scale = 2 ** ceil(log2(max(amax / 448, 1e-4))), amax /
+    448 a float32 division and the rounding up to a power of two exact (a power of two stays
+    itself); q8 = (q / scale).to(float8_e4m3fn), round to nearest even (|q / scale| <= 448 by the
+    scale's choice); the value q8 x scale. One scale a head (not a tile: the cache's per-entry
+    tile scales already make four partial products of Q.K^T; a q scale per head leaves one
+    product per tile and one row scaling): e4m3's mantissa is the same at any scale, so only
+    values below 2^-6 x scale (fp8's subnormals) round more coarsely than with a scale a tile. A
+    head of zeros stays zeros (scale 2 ** -13)."""
+    if q.shape[-1] != QK_HEAD_DIM:
+        raise ValueError(f"q must be (..., {QK_HEAD_DIM}), got {tuple(q.shape)}")
+    q32 = q.float()
+    latent = q32[..., :KV_LORA_RANK]
+    amax = latent.abs().amax(dim=-1, keepdim=True) / SPARSE_FP8_MAX
+    scale = _power_of_two_at_least(amax.clamp_min(SPARSE_SCALE_FLOOR))
+    latent = (latent / scale).to(torch.float8_e4m3fn).float() * scale
+    return torch.cat([latent, q32[..., KV_LORA_RANK:]], dim=-1)
 
 
 def dequantize_sparse_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -1326,7 +1371,8 @@ class SparseExpected:
     values (``out_values``, ``lse_values``: the format's error), the (batch, s_q, h_q) rows that
     attend tokens, those that are poisoned (NaN expected), the format's own error (out rel L2 and
     max |lse error| of the dequantised reference against the values' over the attended rows) and
-    the bounds."""
+    the bounds. ``q_format``: the q both references multiply ("bf16": q as given; "fp8":
+    ``round_q_sparse_fp8(q)``)."""
 
     out: torch.Tensor
     lse: torch.Tensor
@@ -1338,6 +1384,7 @@ class SparseExpected:
     format_lse: float
     out_bound: float
     lse_bound: float
+    q_format: str = "bf16"
 
 
 def sparse_out_bound(format_out: float) -> float:
@@ -1352,12 +1399,23 @@ def sparse_lse_bound(format_lse: float) -> float:
     return SPARSE_FORMAT_FACTOR * format_lse + SPARSE_LSE_FLOOR
 
 
-def sparse_expected(inputs: SparseInput) -> SparseExpected:
+def sparse_q(q: torch.Tensor, q_format: str) -> torch.Tensor:
+    """q as a kernel of ``q_format`` multiplies it: "bf16" q itself, "fp8" ``round_q_sparse_fp8(q)``;
+    any other q_format a ValueError."""
+    if q_format not in SPARSE_Q_FORMATS:
+        raise ValueError(f"q_format must be one of {', '.join(SPARSE_Q_FORMATS)}, got {q_format!r}")
+    return q if q_format == "bf16" else round_q_sparse_fp8(q)
+
+
+def sparse_expected(inputs: SparseInput, q_format: str = "bf16") -> SparseExpected:
     """Both float64 references of ``inputs`` (over the 656-byte cache and over the bf16 values),
-    the rows, the format's own error and the bounds."""
+    the rows, the format's own error and the bounds. ``q_format`` is the q the judged kernel
+    multiplies, and both references use it: "bf16" inputs.q as it is, "fp8" its latent dims
+    rounded to fp8 (``round_q_sparse_fp8``); any other value a ValueError naming q_format."""
+    q = sparse_q(inputs.q, q_format)
     args = dict(topk_length=inputs.topk_length, softmax_scale=inputs.softmax_scale)
-    out, lse = mla_decode_sparse_float64(inputs.q, inputs.k_cache, inputs.indices, **args)
-    out_v, lse_v = mla_decode_sparse_float64(inputs.q, inputs.values, inputs.indices, **args)
+    out, lse = mla_decode_sparse_float64(q, inputs.k_cache, inputs.indices, **args)
+    out_v, lse_v = mla_decode_sparse_float64(q, inputs.values, inputs.indices, **args)
     poisoned = torch.isnan(lse).permute(0, 2, 1)
     attended = torch.isfinite(lse).permute(0, 2, 1)
     att_lse = attended.permute(0, 2, 1)
@@ -1365,7 +1423,8 @@ def sparse_expected(inputs: SparseInput) -> SparseExpected:
     format_lse = _max_abs((lse - lse_v)[att_lse])
     return SparseExpected(out=out, lse=lse, out_values=out_v, lse_values=lse_v, attended=attended,
                           poisoned=poisoned, format_out=format_out, format_lse=format_lse,
-                          out_bound=sparse_out_bound(format_out), lse_bound=sparse_lse_bound(format_lse))
+                          out_bound=sparse_out_bound(format_out), lse_bound=sparse_lse_bound(format_lse),
+                          q_format=q_format)
 
 
 def judge_sparse(expected: SparseExpected, out, lse) -> dict:
@@ -1379,14 +1438,15 @@ def judge_sparse(expected: SparseExpected, out, lse) -> dict:
     Keys: ok, problems, out_rel_l2 / out_bound (against the values), out_rel_l2_exact /
     out_bound_exact (against the dequantised cache), lse_err / lse_bound, lse_err_exact,
     lse_fraction (the larger share of either lse bound), format_out, format_lse, zero_rows,
-    poisoned_rows, nonfinite."""
+    poisoned_rows, nonfinite, q_format (the q the references multiply: ``expected.q_format``)."""
     verdict = {"ok": False, "problems": _output_problems(out, lse, expected), "out_rel_l2": None,
                "out_bound": expected.out_bound, "out_rel_l2_exact": None,
                "out_bound_exact": SERVING_OUT_BOUND_BF16, "lse_err": None,
                "lse_bound": expected.lse_bound, "lse_err_exact": None, "lse_fraction": None,
                "format_out": expected.format_out, "format_lse": expected.format_lse,
                "zero_rows": int((~expected.attended & ~expected.poisoned).sum()),
-               "poisoned_rows": int(expected.poisoned.sum()), "nonfinite": None}
+               "poisoned_rows": int(expected.poisoned.sum()), "nonfinite": None,
+               "q_format": expected.q_format}
     if verdict["problems"]:
         return verdict
     problems = verdict["problems"]
@@ -1437,7 +1497,8 @@ def judge_sparse(expected: SparseExpected, out, lse) -> dict:
 
 
 def sparse_message(verdict: dict) -> str:
-    """One line: the problems (if any) first, then the measured errors against their bounds."""
+    """One line: the problems (if any) first, then the q the references multiply and the measured
+    errors against their bounds."""
     parts = []
     if verdict.get("out_rel_l2") is not None:
         parts.append(f"out rel L2 {verdict['out_rel_l2']:.4g} (bound {verdict['out_bound']:.4g} = 1.25 x the "
@@ -1451,16 +1512,21 @@ def sparse_message(verdict: dict) -> str:
     if verdict.get("poisoned_rows"):
         parts.append(f"{verdict['poisoned_rows']} rows poisoned")
     measured = "; ".join(parts) if parts else "no row attends anything"
+    if verdict.get("q_format"):
+        measured = f"q {verdict['q_format']}: {measured}"
     if verdict["problems"]:
         return "; ".join(verdict["problems"]) + " | " + measured
     return measured
 
 
-def check_sparse(inputs: SparseInput, out, lse,
-                 expected: Optional[SparseExpected] = None) -> Tuple[bool, str]:
-    """The strict sparse check of (out, lse): ``judge_sparse`` against ``sparse_expected(inputs)``
-    (pass ``expected`` to reuse one). Returns (ok, message)."""
+def check_sparse(inputs: SparseInput, out, lse, expected: Optional[SparseExpected] = None,
+                 q_format: str = "bf16") -> Tuple[bool, str]:
+    """The strict sparse check of (out, lse): ``judge_sparse`` against ``sparse_expected(inputs,
+    q_format)`` (pass ``expected`` to reuse one; one made with another q_format is a ValueError).
+    Returns (ok, message)."""
     if expected is None:
-        expected = sparse_expected(inputs)
+        expected = sparse_expected(inputs, q_format)
+    elif expected.q_format != q_format:
+        raise ValueError(f"q_format is {q_format!r} but expected was computed with q {expected.q_format}")
     verdict = judge_sparse(expected, out, lse)
     return verdict["ok"], sparse_message(verdict)

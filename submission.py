@@ -1084,6 +1084,15 @@ def route_rows(row):
     return row["params"].get("rows", SERVING_ROWS) if own_rows else SERVING_ROWS
 
 
+def sparse_q_format(q, k_cache):
+    """The q that the sparse form's route for these tensors computes Q.K^T with: "fp8" where its row
+    says so (q's latent dims rounded to fp8 with a power-of-two scale per head, as
+    reference.round_q_sparse_fp8 does), else "bf16" (q as given). Its accuracy is judged against
+    references with q so rounded (reference.sparse_expected's q_format)."""
+    shape = PlanShape(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1], "fp8_sparse", False, 1)
+    return serving_route(shape, q.device, 0).row.get("q", "bf16")
+
+
 def _programs_to_fill(device):
     """Programs that keep every multiprocessor busy twice over (SERVING_CPU_PROGRAMS without a GPU,
     and for device None: the compile plans)."""

@@ -15,8 +15,10 @@ Providers: ours (submission.mla_decode_with_kvcache's sparse form); FlashMLA 924
 calls a sparse case (eval.sparse_call: FlashMLA's form, plan once per case and provider).
 Per case and provider: the strict check (reference.judge_sparse: out within 1.25x the format's own
 error of float64 attention over the bf16 values, lse likewise, poison and empty rows) before any
-timing; event time (median and mean), profiler kernel time after an L2 flush, CUDA-graph replay
-time, host time of one eager call (bench/serving_peers.py's timings); TFLOPS as FlashMLA's benchmark counts them
+timing, both references computed with the q the provider multiplies (q_format: FlashMLA bf16, ours
+and each variant its module's sparse_q_format; printed with the check, and in the JSON rows); event
+time (median and mean), profiler kernel time after an L2 flush, CUDA-graph replay time, host time
+of one eager call (bench/serving_peers.py's timings); TFLOPS as FlashMLA's benchmark counts them
 (2 x b x s_q x h_q x topk x (576 + 512) / time) and the selected tokens' bytes per second.
 Summary: geomean per h_q of FlashMLA's kernel time / the provider's.
 """
@@ -39,6 +41,7 @@ import submission  # noqa: E402
 import utils  # noqa: E402
 
 SPEC = os.path.join(ROOT, "specs", "sparse.txt")
+PEER = "FlashMLA sparse"
 BENCH_KV = 32768  # part (b)'s lines: FlashMLA's benchmark contexts
 PEAK_TOPK = 16384
 
@@ -67,11 +70,21 @@ def providers(args):
     for name, module in args.variants:
         found[name] = (module.get_mla_decode_metadata, module.mla_decode_with_kvcache)
     if args.flashmla_sparse:
-        found["FlashMLA sparse"] = load_flashmla_sparse(args.flashmla_sparse)
+        found[PEER] = load_flashmla_sparse(args.flashmla_sparse)
     else:
         notes.append("FlashMLA sparse: skipped (no --flashmla-sparse build; bench/flashmla_sparse_kit.sh and "
                      "bench/flashmla_sparse_build.sh make it)")
     return found, notes
+
+
+def q_format(name, variants, inputs):
+    """The q provider ``name`` multiplies on ``inputs`` ("bf16" or "fp8"), which the float64
+    references of its check use: FlashMLA's sparse decode bf16 q as given; ours and each of
+    ``variants`` ((NAME, module) pairs) its module's answer (eval.sparse_q_format: the module's
+    sparse_q_format(q, k_cache), bf16 without one)."""
+    if name == PEER:
+        return "bf16"
+    return harness.sparse_q_format(dict(variants).get(name, submission), inputs)
 
 
 def case_calls(found, inputs):
@@ -113,14 +126,17 @@ def main():
     rows = []
     for spec in bench_cases(args.peak):
         inputs = reference.generate_sparse_input(**harness.sparse_input_args(spec), device="cuda")
-        expected = None if args.no_check else reference.sparse_expected(inputs)
+        expected = {}  # q format -> the case's references with that q, made once for every provider using it
         for name, fn in case_calls(found, inputs).items():
             if args.providers and not re.search(args.providers, name):
                 continue
             try:
+                q = q_format(name, args.variants, inputs)
+                if not args.no_check and q not in expected:
+                    expected[q] = reference.sparse_expected(inputs, q)
                 out, lse = fn()
                 torch.cuda.synchronize()
-                verdict = None if expected is None else reference.judge_sparse(expected, out, lse)
+                verdict = None if args.no_check else reference.judge_sparse(expected[q], out, lse)
                 times = serving_peers.provider_times(fn, args.repeats, args.host_repeats, flush,
                                                      f"{label(spec)}: {name}", busy=False)
             except Exception as exc:  # a provider that cannot take the case: say so, go on
@@ -129,7 +145,7 @@ def main():
             gpu = times["gpu_us"]
             row = {**{k: spec[k] for k in ("batchsize", "qseqlen", "heads", "topk", "seed")}, "provider": name,
                    **times, "tflops": flops(inputs) / gpu / 1e6, "tb_s": inputs.cache_bytes / gpu / 1e6,
-                   "ok": None if verdict is None else verdict["ok"],
+                   "q_format": q, "ok": None if verdict is None else verdict["ok"],
                    "check": None if verdict is None else reference.sparse_message(verdict)}
             rows.append(row)
             print(f"{label(spec)} {name:16s} gpu {gpu:8.1f} us  graph {times['graph_us']:8.1f}  "
@@ -145,7 +161,7 @@ def main():
             json.dump({"notes": notes, "rows": rows, "device": torch.cuda.get_device_name()}, f, indent=1)
 
 
-def summary(rows, peer="FlashMLA sparse"):
+def summary(rows, peer=PEER):
     """(h_q, provider, geomean kernel time us, geomean of the peer's time / the provider's or None,
     every case checked ok) per head count and provider; the ratio over the cases both ran."""
     by = {}

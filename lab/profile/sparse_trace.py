@@ -244,7 +244,8 @@ def main():
         out, lse = call()
         plain_call()
         assert plan.route["route"] == "hopper_sparse", plan.route
-        verdict = reference.judge_sparse(reference.sparse_expected(inputs), out, lse)
+        expected = reference.sparse_expected(inputs, harness.sparse_q_format(module, inputs))
+        verdict = reference.judge_sparse(expected, out, lse)
         events, plain, spans, stats = [], [], [], {}
         for _ in range(args.repeats):
             plain.append(utils.time_call(plain_call, flush=flush)[1] / 1e3)

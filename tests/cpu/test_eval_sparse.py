@@ -46,6 +46,14 @@ def mla_decode_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, 
 ZEROS = STANDIN.replace("return out.to(torch.bfloat16), lse.float()",
                         "return (0 * out).to(torch.bfloat16), lse.float()")
 
+# A stand-in whose kernel multiplies fp8 q, and says so (sparse_q_format): the references take that q.
+FP8_Q = STANDIN.replace("reference.mla_decode_sparse_float64(q,", "reference.mla_decode_sparse_float64("
+                        "reference.round_q_sparse_fp8(q),") + """
+
+def sparse_q_format(q, k_cache):
+    return "fp8"
+"""
+
 CASE_A = ("sparse: 1; batchsize: 3; qseqlen: 2; heads: 4; page: 16; kvseqlen: 40; varlen: 1; topk: 32; "
           "topk_length: 1; zeros: 1; seed: 31")
 CASE_B = "batchsize: 2; heads: 3; page: 1; kvseqlen: 20; topk: 16; seed: 32"
@@ -55,7 +63,7 @@ CASE_B = "batchsize: 2; heads: 3; page: 1; kvseqlen: 20; topk: 16; seed: 32"
 def subs(tmp_path_factory):
     root = tmp_path_factory.mktemp("sparse_subs")
     paths = {}
-    for name, text in [("standin", STANDIN), ("zeros", ZEROS)]:
+    for name, text in [("standin", STANDIN), ("zeros", ZEROS), ("fp8_q", FP8_Q)]:
         (root / name).mkdir()
         path = root / name / "submission.py"
         path.write_text(textwrap.dedent(text))
@@ -119,10 +127,27 @@ def test_sparse_cases_pass_with_one_plan_each(subs, tmp_path, no_popcorn, capsys
     assert 0 < a["rel_l2"] < a["rel_l2_bound"] == pytest.approx(1.25 * a["format_out"])
     assert a["rel_l2_exact"] < 0.005 and a["lse_fraction"] < 1
     assert a["tokens"] > 0 and a["bytes"] == 656 * a["tokens"]
+    assert a["q_format"] == b["q_format"] == "bf16" and a["message"].startswith("q bf16: ")  # no sparse_q_format
     assert len(mod.PLANS) - plans_before == 2 and mod.CALLS[-2:] == [plans_before, plans_before + 1]
     text = capsys.readouterr().out
     assert "sparse cases (mla_decode_with_kvcache):" in text and "vs fp8 cache" in text
     assert "always strict" in text
+
+
+def test_the_references_take_the_q_the_submission_names(subs, tmp_path, no_popcorn, capsys):
+    """A kernel of fp8 q whose sparse_q_format says so passes, judged with round_q_sparse_fp8(q) in
+    both references (against bf16 q its lse would miss the dequantised cache's bound); the table's q
+    column and the rows say fp8."""
+    assert "reference.mla_decode_sparse_float64(reference.round_q_sparse_fp8(q)," in FP8_Q
+    rc, js = human(["test", write_spec(tmp_path, CASE_A, CASE_B), "--submission", subs["fp8_q"]], tmp_path)
+    assert rc == 0 and js["passed"], [row["problems"] for row in js["cases"]]
+    for row in js["cases"]:
+        assert row["q_format"] == "fp8" and row["message"].startswith("q fp8: ")
+        assert row["rel_l2_exact"] < 0.005
+    text = capsys.readouterr().out
+    head = next(line for line in text.splitlines() if line.lstrip().startswith("b "))
+    assert head.split()[10] == "q" and "q: the q both float64 references multiply" in text
+    assert sum(line.split()[10:11] == ["fp8"] for line in text.splitlines()) == 2
 
 
 def test_zeros_fail_every_sparse_case(subs, tmp_path, no_popcorn, capsys):

@@ -1,6 +1,7 @@
 """The sparse decode (submission.py's sparse form of mla_decode_with_kvcache): the portable Triton
 kernel over FlashMLA's 656-byte fp8 cache against float64 sparse attention
-(reference.mla_decode_sparse_float64) over the dequantised cache and over the bf16 values: heads,
+(reference.mla_decode_sparse_float64) over the dequantised cache and over the bf16 values, both with
+the q the kernel multiplies (submission.sparse_q_format's bf16 or fp8; bf16 without one): heads,
 query tokens, pages of 1 and 64 (and an odd size), -1 entries, topk_length with garbage past it,
 NaN in every token no query selects, empty queries, poisoned entries and lengths, split merges,
 plan reuse, FlashMLA's padded blocks and uint8 bytes, and the argument errors.
@@ -57,11 +58,23 @@ def run(inputs, plan=None, **overrides):
                                      softmax_scale=args["softmax_scale"])
 
 
+def q_format(inputs):
+    """The q submission's sparse kernel multiplies on ``inputs``: its sparse_q_format(q, k_cache)
+    ("bf16" or "fp8", the q of the route that would serve them), bf16 where it has none."""
+    ask = getattr(S, "sparse_q_format", None)
+    return "bf16" if ask is None else ask(inputs.q, inputs.k_cache)
+
+
+def expected_of(inputs):
+    """The float64 references of ``inputs`` with the q the kernel multiplies (``q_format``)."""
+    return R.sparse_expected(inputs, q_format(inputs))
+
+
 def assert_right(inputs, out, lse, expected=None):
     """The strict sparse check: out within 1.25 x the format's own error of the bf16 values'
-    reference and within the serving API's bf16 bounds of the dequantised cache's; empty rows 0
-    and +inf, poisoned rows NaN. Returns the verdict."""
-    expected = expected or R.sparse_expected(inputs)
+    reference and within the serving API's bf16 bounds of the dequantised cache's (both with the
+    kernel's q: ``expected_of``); empty rows 0 and +inf, poisoned rows NaN. Returns the verdict."""
+    expected = expected or expected_of(inputs)
     verdict = R.judge_sparse(expected, out, lse)
     assert verdict["ok"], R.sparse_message(verdict)
     return verdict
@@ -213,7 +226,7 @@ def test_entries_past_topk_length_are_never_read():
     inputs.topk_length[:] = torch.tensor([n0, n1], dtype=torch.int32)
     inputs.indices[0, :, n0:] = 2147480000
     inputs.indices[1, :, n1:] = -123456
-    expected = R.sparse_expected(inputs)
+    expected = expected_of(inputs)
     assert int(expected.poisoned.sum()) == 0
     out, lse = run(inputs)
     assert bool(torch.isfinite(out.float()).all())
@@ -236,7 +249,7 @@ def test_flashmlas_padded_blocks_and_uint8_bytes():
     blocks = inputs.k_cache.shape[0]
     padded = torch.zeros(blocks, 65, 1, 656, dtype=torch.uint8, device=DEVICE)
     padded[:, :64] = inputs.k_cache.view(torch.uint8)
-    expected = R.sparse_expected(inputs)
+    expected = expected_of(inputs)
     for cache in (padded[:, :64], inputs.k_cache.view(torch.uint8), inputs.k_cache.view(torch.int8)):
         out, lse = run(inputs, k_cache=cache)
         assert_right(inputs, out, lse, expected)
@@ -389,3 +402,13 @@ def test_the_kernel_compiles_for_the_gpus(tmp_path, target, route):
         assert result["loop_locals"] <= SPARSE_TILE_LOOP_SPILLS, result
     elif target == "sm90":
         assert result["spills"]["spill_store_bytes"] == 0, result
+
+
+def test_sparse_q_format_is_the_serving_rows(monkeypatch):
+    """sparse_q_format names the q of the row that serves the tensors: bf16 where the row says
+    nothing (the portable kernel here), the row's "q" where it says one."""
+    inputs = R.generate_sparse_input(2, 2, 16, 64, 256, 32, seed=3)
+    assert S.sparse_q_format(inputs.q, inputs.k_cache) == "bf16"
+    table = [dict(row, q="fp8") if row["route"] == "triton_sparse" else row for row in S.SERVING_ROUTE_TABLE]
+    monkeypatch.setattr(S, "SERVING_ROUTE_TABLE", table)
+    assert S.sparse_q_format(inputs.q, inputs.k_cache) == "fp8"

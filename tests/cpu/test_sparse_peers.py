@@ -1,7 +1,8 @@
 """bench/sparse_peers.py on the CPU: its cases are specs/sparse.txt's FlashMLA benchmark lines, and
 each provider (ours, and FlashMLA's sparse decode through a strict double of its interface:
 tests/doubles/flashmla_sparse_double.py) is called as eval.py calls a sparse case and passes the
-strict check (reference.judge_sparse), where zeros fail. FlashMLA's kernel is not here:
+strict check (reference.judge_sparse, with the q each provider multiplies: sparse_peers.q_format),
+where zeros fail. FlashMLA's kernel is not here:
 sparse_peers.py's main() checks it on the GPU before timing it."""
 import os
 import re
@@ -35,17 +36,36 @@ def small_case(heads=64, topk_length=False, seed=5):
 @pytest.mark.parametrize("heads, topk_length", [(64, False), (128, True)])
 def test_both_providers_pass_the_strict_check(heads, topk_length):
     inputs = small_case(heads, topk_length)
-    expected = reference.sparse_expected(inputs)
     found = {"FlashMLA sparse": (fm.get_mla_metadata, fm.flash_mla_with_kvcache)}
     if heads == 64:  # ours under the interpreter: one head count keeps the CPU time small
         found.update(sparse_peers.providers(types.SimpleNamespace(variants=[], flashmla_sparse=None))[0])
     calls = sparse_peers.case_calls(found, inputs)
     assert set(calls) == set(found)
     for name, fn in calls.items():
+        expected = reference.sparse_expected(inputs, sparse_peers.q_format(name, [], inputs))
         for _ in range(2):  # the plan reused
             out, lse = fn()
             verdict = reference.judge_sparse(expected, out, lse)
             assert verdict["ok"], (name, reference.sparse_message(verdict))
+
+
+def test_each_provider_is_judged_with_the_q_it_multiplies(monkeypatch):
+    """FlashMLA's sparse decode: bf16 q always; ours and each variant: its module's
+    sparse_q_format(q, k_cache), bf16 where the module has none."""
+    inputs = small_case()
+    seen = []
+
+    def fp8(q, k_cache):
+        seen.append((q is inputs.q, k_cache is inputs.k_cache))
+        return "fp8"
+    variants = [("fp8 variant", types.SimpleNamespace(sparse_q_format=fp8)), ("plain", types.SimpleNamespace())]
+    assert sparse_peers.q_format("FlashMLA sparse", variants, inputs) == "bf16"
+    assert sparse_peers.q_format("fp8 variant", variants, inputs) == "fp8" and seen == [(True, True)]
+    assert sparse_peers.q_format("plain", variants, inputs) == "bf16"
+    monkeypatch.setattr(sparse_peers.submission, "sparse_q_format", fp8, raising=False)
+    assert sparse_peers.q_format("ours", variants, inputs) == "fp8"
+    monkeypatch.delattr(sparse_peers.submission, "sparse_q_format")
+    assert sparse_peers.q_format("ours", variants, inputs) == "bf16"
 
 
 def test_a_double_of_zeros_fails_the_check():

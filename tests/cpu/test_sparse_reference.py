@@ -2,10 +2,12 @@
 a round trip against the bf16 values, decoded by hand), mla_decode_sparse_float64 against a
 direct computation (every byte decoded by hand, one (request, query token, head) at a time), its
 semantics (-1, topk_length, duplicates, poison, empty queries), generate_sparse_input (layout,
-NaN in every token no query selects, garbage past topk_length, determinism, argument errors) and
-the strict check (the reference passes; zeros, NaN, a perturbed row fail).
+NaN in every token no query selects, garbage past topk_length, determinism, argument errors),
+round_q_sparse_fp8 (q as an fp8 kernel rounds it) against the rule computed by hand, and the strict
+check with either q (the reference passes; zeros, NaN, a perturbed row fail).
 
 Tiny inputs on the default device (the GPU when there is one), as eval.py runs the reference."""
+import bisect
 import math
 import struct
 
@@ -276,6 +278,99 @@ def test_bad_generator_arguments_name_the_field(field, value):
 
 
 # ---------------------------------------------------------------------------------------------
+# q rounded to fp8
+
+
+FP8_POSITIVE = sorted((decode_fp8(byte), byte) for byte in range(0x7F))  # every finite value >= 0
+
+
+def round_fp8_by_hand(x):
+    """x (|x| <= 448) to the nearest float8_e4m3fn value, a tie to the even byte (mantissa)."""
+    values = [v for v, _ in FP8_POSITIVE]
+    at = bisect.bisect_left(values, abs(x))
+    near = FP8_POSITIVE[max(at - 1, 0):at + 1]
+    value, _ = min(near, key=lambda vb: (abs(vb[0] - abs(x)), vb[1] & 1))
+    return math.copysign(value, x)
+
+
+def power_of_two_at_least(x):
+    """The least 2 ** k >= x, k found by search (no frexp)."""
+    k = math.ceil(math.log2(x))
+    while 2.0 ** k < x:
+        k += 1
+    while 2.0 ** (k - 1) >= x:
+        k -= 1
+    return 2.0 ** k
+
+
+def round_q_by_hand(q):
+    """The rule in float64, one (b, t, h) row at a time over its 512 latent dims: amax / 448 rounded
+    to float32 (the float64 quotient rounded to float32 is the float32 quotient: 53 >= 2 x 24 + 2
+    bits), floored at 1e-4, rounded up to a power of two; each value / scale to fp8 and back."""
+    rows = q.double().cpu().reshape(-1, 576).tolist()
+    out = []
+    for row in rows:
+        values = row[:512]
+        ratio = struct.unpack("<f", struct.pack("<f", max(abs(v) for v in values) / 448.0))[0]
+        scale = power_of_two_at_least(max(ratio, 1e-4))
+        out.append([round_fp8_by_hand(v / scale) * scale for v in values] + row[512:])
+    return torch.tensor(out, dtype=torch.float64).reshape(q.shape)
+
+
+def test_round_q_sparse_fp8_is_the_rule_computed_by_hand():
+    gen = torch.Generator().manual_seed(40)
+    q = (torch.randn(2, 3, 4, 576, generator=gen) * 3).to(torch.bfloat16)
+    q[0, 0, 0, :512] = 0.0  # a head of zeros: the floor's scale 2 ** -13, zeros back
+    q[0, 0, 1, :512] = q[0, 0, 1, :512].clamp(-50, 50)
+    q[0, 0, 1, 7] = -56.0  # amax / 448 = 2 ** -3 exactly: the scale stays 2 ** -3, -56 -> fp8 -448
+    q[0, 1, 0, :512] = q[0, 1, 0, :512].clamp(-400, 400)
+    q[0, 1, 0, 400] = 448.0  # amax / 448 = 1: scale 1
+    q[0, 1, 2, :512] = q[0, 1, 2, :512].clamp(-440, 440)
+    q[0, 1, 2, 300] = 452.0  # amax / 448 just above 1: scale 2
+    q[1, 2, 3, :512] *= 2.0 ** 60  # huge
+    q[1, 1, 2, :512] *= 2.0 ** -20  # small: below the floor, fp8 subnormals and zeros
+    q[1, 1, 1, :512] *= 2.0 ** -40  # tiny: all zeros at the floor's scale
+    q[1, 0, 0, :512] *= 2.0 ** -12  # around the floor
+    q[1, 0, 1, 512:] *= 2.0 ** 30  # rope, huge: untouched
+    q[1, 2, 0, :128] *= 2.0 ** 8  # one tile far above the head's others: they round with its scale
+    q = q.to(DEVICE)
+    rounded = R.round_q_sparse_fp8(q)
+    assert rounded.dtype == torch.float32 and rounded.shape == q.shape and rounded.device == q.device
+    want = round_q_by_hand(q)
+    assert torch.equal(rounded.double().cpu(), want)
+    assert torch.equal(rounded[..., 512:], q[..., 512:].float())  # rope untouched
+    assert bool((rounded[0, 0, 0, :512] == 0).all())
+    assert rounded[0, 0, 1, 7].item() == -56.0 and rounded[0, 1, 0, 400].item() == 448.0
+    assert rounded[0, 1, 2, 300].item() == 448.0  # 452 / 2 = 226 -> 224 (fp8's step 16 there) x 2
+    assert not torch.equal(rounded[..., :512], q[..., :512].float())  # latent dims rounded
+    small = rounded[1, 1, 2, :512]
+    subnormal = (small != 0) & (small.abs() < 2.0 ** -6 * 2.0 ** -13)  # below fp8's least normal x scale
+    assert bool((small == 0).any()) and bool(subnormal.any()) and bool((rounded[1, 1, 1, :512] == 0).all())
+    # the cache's tile rule over the whole row: a head whose four tiles share their amax quantises as
+    # cache tokens do
+    even = q[0, 1, 0].clone()
+    for tile in range(4):
+        even[tile * 128] = 448.0
+    cache_values = R.dequantize_sparse_cache(R.quantize_sparse_cache(even.reshape(1, 1, 1, 576))).reshape(576)
+    assert torch.equal(R.round_q_sparse_fp8(even)[:512].double(), cache_values[:512])
+    # any float dtype of q; q of another width is refused
+    assert torch.equal(R.round_q_sparse_fp8(q.float()), rounded)
+    with pytest.raises(ValueError, match="q"):
+        R.round_q_sparse_fp8(q[..., :512])
+
+
+def test_round_q_sparse_fp8_on_random_magnitudes():
+    """Every head its own magnitude, 2 ** U(-30, 30), and its tiles 2 ** U(-3, 3) apart: the hand
+    rule agrees bit for bit."""
+    gen = torch.Generator().manual_seed(41)
+    q = torch.randn(3, 2, 5, 576, generator=gen)
+    q[..., :512] *= torch.exp2(torch.randint(-30, 31, (3, 2, 5, 1), generator=gen).float())
+    q[..., :512] *= torch.exp2(torch.randint(-3, 4, (3, 2, 5, 4), generator=gen).float()).repeat_interleave(128, -1)
+    q = q.to(torch.bfloat16).to(DEVICE)
+    assert torch.equal(R.round_q_sparse_fp8(q).double().cpu(), round_q_by_hand(q))
+
+
+# ---------------------------------------------------------------------------------------------
 # The strict check
 
 
@@ -321,3 +416,42 @@ def test_the_check_wants_nan_where_a_query_is_poisoned():
     healed[1, 0] = 0.0
     verdict = R.judge_sparse(expected, healed, lse)
     assert not verdict["ok"] and "poisoned" in verdict["problems"][0]
+
+
+def test_the_check_takes_the_kernels_q_format():
+    """sparse_expected(inputs, "fp8"): both references with round_q_sparse_fp8(q); the rows and the
+    format's own error measured with that q. Each passes its own reference's outputs and fails
+    zeros; an fp8-q kernel judged against the bf16 q's references fails (the lse against the
+    dequantised cache shows it); another q_format is a ValueError naming it."""
+    inputs = make(varlen=True, topk_length=True, zeros=1, heads=3)
+    bf16, fp8 = R.sparse_expected(inputs), R.sparse_expected(inputs, "fp8")
+    assert (bf16.q_format, fp8.q_format) == ("bf16", "fp8")
+    assert torch.equal(bf16.attended, fp8.attended) and torch.equal(bf16.poisoned, fp8.poisoned)
+    att, att_lse = fp8.attended, fp8.attended.permute(0, 2, 1)
+    assert not torch.equal(bf16.out[att], fp8.out[att]) and not torch.equal(bf16.lse[att_lse], fp8.lse[att_lse])
+    args = (inputs.indices, inputs.topk_length, inputs.softmax_scale)
+    q8 = R.round_q_sparse_fp8(inputs.q)
+    for got, want in [((fp8.out, fp8.lse), R.mla_decode_sparse_float64(q8, inputs.k_cache, *args)),
+                      ((fp8.out_values, fp8.lse_values), R.mla_decode_sparse_float64(q8, inputs.values, *args))]:
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    for expected in (bf16, fp8):
+        q_format = expected.q_format
+        out, lse = expected.out.to(torch.bfloat16), expected.lse.float()
+        ok, message = R.check_sparse(inputs, out, lse, expected, q_format)
+        assert ok, message
+        assert message.startswith(f"q {q_format}: ")
+        assert R.judge_sparse(expected, out, lse)["q_format"] == q_format
+        assert 0 < expected.format_out < 0.1 and expected.out_bound == pytest.approx(1.25 * expected.format_out)
+        assert R.check_sparse(inputs, out, lse, q_format=q_format)[0]  # its own references made
+        assert not R.check_sparse(inputs, torch.zeros_like(out), lse, expected, q_format)[0]
+        assert not R.check_sparse(inputs, out, torch.zeros_like(lse), expected, q_format)[0]
+    verdict = R.judge_sparse(bf16, fp8.out.to(torch.bfloat16), fp8.lse.float())
+    assert not verdict["ok"] and any("dequantised cache" in p for p in verdict["problems"])
+    with pytest.raises(ValueError, match="q_format"):
+        R.check_sparse(inputs, out, lse, fp8)  # an fp8 reference where bf16 is asked
+    for bad in ("fp16", "FP8", "", None):
+        with pytest.raises(ValueError, match="q_format"):
+            R.sparse_expected(inputs, bad)
+        with pytest.raises(ValueError, match="q_format"):
+            R.check_sparse(inputs, out, lse, q_format=bad)

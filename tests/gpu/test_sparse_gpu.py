@@ -2,15 +2,15 @@
 2048, pages of 64 and 1, -1 entries, topk_length, poison; FlashMLA's benchmark shape; a plan reused with
 new indices; a CUDA graph captured once and replayed while q, the indices and topk_length change.
 Each output checked strictly (reference.judge_sparse: 1.25 x the format's own error of float64
-attention over the bf16 values). The CPU's small cases are tests/cpu/test_sparse_decode.py's."""
+attention over the bf16 values, with the q the kernel multiplies: submission.sparse_q_format's bf16 or
+fp8). The CPU's small cases are tests/cpu/test_sparse_decode.py's."""
 import dataclasses
 
 import pytest
 import torch
 
-import reference as R
 import submission as S
-from test_sparse_decode import assert_right, make, plan_of, run
+from test_sparse_decode import assert_right, expected_of, make, plan_of, run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU test: needs a CUDA GPU")
 
@@ -104,4 +104,4 @@ def test_graph_replay_follows_changing_q_indices_and_lengths(heads):
         assert torch.equal(graph_lse, eager_lse), step
         now = dataclasses.replace(inputs, q=static["q"].clone(), indices=static["indices"].clone(),
                                   topk_length=static["topk_length"].clone())
-        assert_right(now, graph_out, graph_lse, R.sparse_expected(now))
+        assert_right(now, graph_out, graph_lse, expected_of(now))
