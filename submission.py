@@ -1089,7 +1089,7 @@ def sparse_q_format(q, k_cache):
     says so (q's latent dims rounded to fp8 with a power-of-two scale per head, as
     reference.round_q_sparse_fp8 does), else "bf16" (q as given). Its accuracy is judged against
     references with q so rounded (reference.sparse_expected's q_format)."""
-    shape = PlanShape(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1], "fp8_sparse", False, 1)
+    shape = PlanShape(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1], kv="fp8_sparse", causal=False, topk=1)
     return serving_route(shape, q.device, 0).row.get("q", "bf16")
 
 
