@@ -8,6 +8,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
+import eval as harness  # noqa: E402
 import reference as R  # noqa: E402
 
 path = sys.argv[1] if len(sys.argv) > 1 else "submission.py"
@@ -23,7 +24,7 @@ for b, h, topk, kw in [(2, 64, 128, {}), (2, 128, 2048, {}), (3, 64, 2048, {"top
     out, lse = S.mla_decode_with_kvcache(x.q, x.k_cache, None, None, 512, plan, is_fp8_kvcache=True,
                                          indices=x.indices, topk_length=x.topk_length)
     torch.cuda.synchronize()
-    fmt = S.sparse_q_format(x.q, x.k_cache) if hasattr(S, "sparse_q_format") else "bf16"
+    fmt = harness.sparse_q_format(S, x)
     ok, msg = R.check_sparse(x, out, lse, q_format=fmt)
     print(f"b {b} h {h} topk {topk} {kw} q {fmt} route {plan.route['route']}: {'ok' if ok else 'FAIL'} "
           f"({time.time() - t0:.1f} s) {msg}", flush=True)

@@ -18,6 +18,7 @@ import sys
 import pytest
 import torch
 
+import eval as harness
 import reference as R
 import submission as S
 import submission
@@ -58,16 +59,9 @@ def run(inputs, plan=None, **overrides):
                                      softmax_scale=args["softmax_scale"])
 
 
-def q_format(inputs):
-    """The q submission's sparse kernel multiplies on ``inputs``: its sparse_q_format(q, k_cache)
-    ("bf16" or "fp8", the q of the route that would serve them), bf16 where it has none."""
-    ask = getattr(S, "sparse_q_format", None)
-    return "bf16" if ask is None else ask(inputs.q, inputs.k_cache)
-
-
 def expected_of(inputs):
-    """The float64 references of ``inputs`` with the q the kernel multiplies (``q_format``)."""
-    return R.sparse_expected(inputs, q_format(inputs))
+    """The float64 references of ``inputs`` with the q the kernel multiplies (eval.sparse_q_format)."""
+    return R.sparse_expected(inputs, harness.sparse_q_format(S, inputs))
 
 
 def assert_right(inputs, out, lse, expected=None):
