@@ -455,3 +455,66 @@ def test_the_check_takes_the_kernels_q_format():
             R.sparse_expected(inputs, bad)
         with pytest.raises(ValueError, match="q_format"):
             R.check_sparse(inputs, out, lse, q_format=bad)
+
+
+def test_the_fp8_mma_slack_is_the_bound_computed_by_hand():
+    """sparse_fp8_mma_slack: per (request, head, query token) softmax_scale x 2^-13 x the largest,
+    over the query's entries, of the sum over the 4 latent tiles and their 4 k-steps of 32 dims of
+    |the tile's q.k after the step| (every byte decoded by hand); 0 where a query attends nothing or
+    is poisoned."""
+    q, cache, _, indices, _ = small_case()
+    indices = indices.clone()
+    indices[1, 1, 2] = -5  # poisons query (1, 1)
+    topk_length = torch.tensor([5, 8], dtype=torch.int32, device=DEVICE)
+    slack = R.sparse_fp8_mma_slack(q, cache, indices, topk_length, softmax_scale=0.07)
+    raw, qd = R._sparse_bytes(cache).cpu(), q.double().cpu()
+    want = torch.zeros(2, 3, 2, dtype=torch.float64)
+    for b, n in enumerate((5, 8)):
+        for t in range(2):
+            row = [int(e) for e in indices[b, t, :n]]
+            if any(e < -1 for e in row) or all(e == -1 for e in row):
+                continue
+            keys = torch.tensor([decode_token(raw[e // 4, e % 4, 0].tolist()) for e in row if e >= 0],
+                                dtype=torch.float64)
+            for h in range(3):
+                sums = []
+                for key in keys:
+                    products = [float(qd[b, t, h, d]) * float(key[d]) for d in range(512)]
+                    sums.append(sum(abs(sum(products[c * 128:c * 128 + 32 * (j + 1)]))
+                                    for c in range(4) for j in range(4)))
+                want[b, h, t] = 0.07 * 2.0 ** -13 * max(sums)
+    assert slack.dtype == torch.float64 and slack.shape == (2, 3, 2)
+    torch.testing.assert_close(slack.cpu(), want, rtol=1e-12, atol=0)
+    assert bool((want[0, :, 1] == 0).all()) and bool((want[1, :, 1] == 0).all())  # nothing / poisoned
+    assert bool((want[0, :, 0] > 0).all())
+
+
+def test_an_fp8_q_check_allows_fp8_mmas_slack_and_no_more():
+    """With q in fp8 each row's lse bound against the dequantised cache is the bf16 one plus the
+    row's slack (sparse_fp8_mma_slack): an lse off by the bf16 bound + 0.9 x the slack passes, by
+    the bf16 bound + 1.1 x it fails, naming the accumulation; with bf16 q there is no slack."""
+    inputs = make(varlen=True, topk_length=True, zeros=1, heads=3)
+    bf16, fp8 = R.sparse_expected(inputs), R.sparse_expected(inputs, "fp8")
+    assert bf16.lse_slack is None
+    att_lse = fp8.attended.permute(0, 2, 1)
+    slack = fp8.lse_slack
+    assert slack.shape == fp8.lse.shape and bool((slack[att_lse] > 0).all()) and bool((slack[~att_lse] == 0).all())
+    want = R.sparse_fp8_mma_slack(R.round_q_sparse_fp8(inputs.q), inputs.k_cache, inputs.indices,
+                                  inputs.topk_length, inputs.softmax_scale)
+    torch.testing.assert_close(slack, want, rtol=0, atol=0)
+    out = fp8.out.to(torch.bfloat16)
+    row = att_lse.nonzero()[0].tolist()
+    base = R.SERVING_LSE_ATOL_BF16 + R.SERVING_LSE_RTOL_BF16 * abs(float(fp8.lse[tuple(row)]))
+    for share, ok in ((0.9, True), (1.1, False)):
+        lse = fp8.lse.clone()
+        lse[tuple(row)] += base + share * float(slack[tuple(row)])
+        verdict = R.judge_sparse(fp8, out, lse.float())
+        assert verdict["ok"] == ok, R.sparse_message(verdict)
+        assert verdict["lse_slack"] == float(slack[att_lse].max())
+        assert "fp8 MMA's slack up to" in R.sparse_message(verdict)
+        if not ok:
+            assert any("fp8 MMA's accumulation" in p for p in verdict["problems"])
+    lse = bf16.lse.clone()
+    lse[tuple(row)] += base + 0.9 * float(slack[tuple(row)])
+    verdict = R.judge_sparse(bf16, bf16.out.to(torch.bfloat16), lse.float())
+    assert not verdict["ok"] and verdict["lse_slack"] is None
