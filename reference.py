@@ -1225,9 +1225,10 @@ def mla_decode_sparse_float64(q: torch.Tensor, k_cache: torch.Tensor, indices: t
             out[b, t], lse[b, :, t] = float("nan"), float("nan")
         if keys is None:
             continue
-        scores = (q[b, t].double() @ keys.to(device).T) * scale  # (heads, tokens)
+        keys = keys.to(device)
+        scores = (q[b, t].double() @ keys.T) * scale  # (heads, tokens)
         row_lse = torch.logsumexp(scores, dim=-1)
-        out[b, t] = torch.exp(scores - row_lse[:, None]) @ keys[:, :V_HEAD_DIM].to(device)
+        out[b, t] = torch.exp(scores - row_lse[:, None]) @ keys[:, :V_HEAD_DIM]
         lse[b, :, t] = row_lse
     return out, lse
 
@@ -1239,9 +1240,10 @@ def sparse_fp8_mma_slack(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.
     that attend nothing or are poisoned; q and the cache as ``mla_decode_sparse_float64`` takes
     them (q: the fp8-rounded q the kernel multiplies).
 
-    An fp8 tensor core keeps its accumulator to SPARSE_FP8_MMA_BITS mantissa bits, truncated, after
-    each k-step of SPARSE_FP8_MMA_K dims (SageAttention2, arXiv 2411.10958, measured it on Ada and
-    Hopper): a step loses less than 2^-BITS x |the accumulator after it|. A 128-dim tile's product
+    The model: an fp8 tensor core keeps its accumulator to SPARSE_FP8_MMA_BITS mantissa bits,
+    truncated, after each k-step of SPARSE_FP8_MMA_K dims (as reported publicly: SageAttention2's
+    "FP22" accumulator, arXiv 2411.10958; about 14 bits in DeepSeek-V3's report on the H800), so a
+    step loses less than 2^-BITS x |the accumulator after it|. A 128-dim tile's product
     is scaled by powers of two (exact), so for entry i the error of S_i is at most softmax_scale x
     2^-BITS x the sum, over the 4 tiles and each tile's steps, of |the tile's partial q.k after the
     step| (the rope's bf16 product is left to the bf16 bounds). lse moves by at most the largest

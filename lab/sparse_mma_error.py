@@ -15,7 +15,7 @@ Designs (each with q's 512 latent dims in fp8, the 64 rope dims bf16, 64 entries
 
 --acc: the fp8 MMA's accumulation. "exact": float64. "m13": the accumulator kept to 13 mantissa
 bits (truncated toward zero) after each k = 32 step of an fp8 MMA, the fp8 tensor core's
-accumulator as SageAttention2 (arXiv 2411.10958) measured it on Ada/Hopper ("mN": N bits); bf16 and
+accumulator as public reports give it (SageAttention2's "FP22", arXiv 2411.10958) ("mN": N bits); bf16 and
 f16 MMAs exact. The strict check's lse slack for q in fp8 (reference.sparse_fp8_mma_slack) assumes
 13 bits. What the device measured for h117a (lab/results/h100/sparse_h117a_2026-12-07.txt:
 out 0.0017 and lse 0.0018-0.0021 from the dequantised cache with fp8 q) says which model is near.
