@@ -1296,7 +1296,7 @@ def format_sparse_table(rows, mode: str, copy_bw=None, *, wide: bool = False, ti
     out = [f"sparse cases ({route or 'mla_decode_with_kvcache with indices'}):"] + _aligned(head, lines)
     _legend_and_failures(
         out, rows, "q: the q both float64 references multiply, as the kernel does (the submission's "
-        "sparse_q_format: bf16 as given, or fp8 per 128-dim tile as the cache); "
+        "sparse_q_format: bf16 as given, or fp8 with one power-of-two scale a head); "
         "out relL2: out's error against float64 attention over the bf16 values the cache was "
         "quantised from, on the rows that attend tokens, %bound its share of 1.25 x the 656-byte format's "
         "own error there; vs fp8 cache: against float64 attention over the dequantised cache (bound 1%); "

@@ -1215,22 +1215,44 @@ def mla_decode_sparse_float64(q: torch.Tensor, k_cache: torch.Tensor, indices: t
     twice, as in FlashMLA's reference). A query with nothing to attend: out 0, lse +inf. A query
     with an entry below -1 or at or past num_blocks x page, or whose request's topk_length is
     outside [0, topk]: out and lse NaN (``_sparse_queries``)."""
+    return _sparse_float64(q, k_cache, indices, topk_length, softmax_scale)[:2]
+
+
+def _sparse_float64(q, k_cache, indices, topk_length, softmax_scale, with_slack=False):
+    """(out, lse, slack): ``mla_decode_sparse_float64``'s out and lse and, with ``with_slack``,
+    ``sparse_fp8_mma_slack``'s slack (else None), from one pass over the queries' rows."""
     batch, s_q, heads, dim = q.shape
     device = q.device
     scale = SM_SCALE if softmax_scale is None else float(softmax_scale)
     out = torch.zeros(batch, s_q, heads, V_HEAD_DIM, dtype=torch.float64, device=device)
     lse = torch.full((batch, heads, s_q), float("inf"), dtype=torch.float64, device=device)
+    slack = torch.zeros(batch, heads, s_q, dtype=torch.float64, device=device) if with_slack else None
     for b, t, keys, poisoned in _sparse_queries(k_cache, indices, topk_length):
         if poisoned:
             out[b, t], lse[b, :, t] = float("nan"), float("nan")
         if keys is None:
             continue
         keys = keys.to(device)
-        scores = (q[b, t].double() @ keys.T) * scale  # (heads, tokens)
+        q_row = q[b, t].double()
+        scores = (q_row @ keys.T) * scale  # (heads, tokens)
         row_lse = torch.logsumexp(scores, dim=-1)
         out[b, t] = torch.exp(scores - row_lse[:, None]) @ keys[:, :V_HEAD_DIM]
         lse[b, :, t] = row_lse
-    return out, lse
+        if with_slack:
+            slack[b, :, t] = _fp8_mma_slack_of(q_row, keys) * scale
+    return out, lse, slack
+
+
+def _fp8_mma_slack_of(q_row, keys):
+    """Per head, the largest over ``keys`` (tokens, 576) of 2^-SPARSE_FP8_MMA_BITS x the sum, over
+    the 4 latent tiles and their SPARSE_FP8_MMA_K-dim steps, of |the tile's partial q.k after the
+    step| (q_row: (heads, 576) float64); ``sparse_fp8_mma_slack`` says why."""
+    heads, step = q_row.shape[0], SPARSE_FP8_MMA_K
+    qs = q_row[:, :KV_LORA_RANK].reshape(heads, -1, step)  # (heads, steps, k)
+    ks = keys[:, :KV_LORA_RANK].reshape(keys.shape[0], -1, step)  # (tokens, steps, k)
+    products = torch.einsum("hsk,nsk->hns", qs, ks)  # each step's q.k
+    partial = products.reshape(heads, keys.shape[0], SPARSE_TILES, -1).cumsum(-1)  # within each tile
+    return partial.abs().sum((-2, -1)).max(dim=-1).values * 2.0 ** -SPARSE_FP8_MMA_BITS
 
 
 def sparse_fp8_mma_slack(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor,
@@ -1248,19 +1270,7 @@ def sparse_fp8_mma_slack(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.
     2^-BITS x the sum, over the 4 tiles and each tile's steps, of |the tile's partial q.k after the
     step| (the rope's bf16 product is left to the bf16 bounds). lse moves by at most the largest
     error of an S_i: the slack is the row's largest such sum over its entries."""
-    batch, s_q, heads, _ = q.shape
-    scale = SM_SCALE if softmax_scale is None else float(softmax_scale)
-    step = SPARSE_FP8_MMA_K
-    slack = torch.zeros(batch, heads, s_q, dtype=torch.float64, device=q.device)
-    for b, t, keys, _ in _sparse_queries(k_cache, indices, topk_length):
-        if keys is None:
-            continue
-        qs = q[b, t, :, :KV_LORA_RANK].double().reshape(heads, -1, step)  # (heads, steps, k)
-        ks = keys[:, :KV_LORA_RANK].to(q.device).reshape(keys.shape[0], -1, step)  # (tokens, steps, k)
-        products = torch.einsum("hsk,nsk->hns", qs, ks)  # each step's q.k
-        partial = products.reshape(heads, keys.shape[0], SPARSE_TILES, -1).cumsum(-1)  # within each tile
-        slack[b, :, t] = partial.abs().sum((-2, -1)).max(dim=-1).values * scale * 2.0 ** -SPARSE_FP8_MMA_BITS
-    return slack
+    return _sparse_float64(q, k_cache, indices, topk_length, softmax_scale, with_slack=True)[2]
 
 
 @dataclasses.dataclass
@@ -1463,8 +1473,7 @@ def sparse_expected(inputs: SparseInput, q_format: str = "bf16") -> SparseExpect
     any other value a ValueError naming q_format."""
     q = sparse_q(inputs.q, q_format)
     args = dict(topk_length=inputs.topk_length, softmax_scale=inputs.softmax_scale)
-    out, lse = mla_decode_sparse_float64(q, inputs.k_cache, inputs.indices, **args)
-    slack = sparse_fp8_mma_slack(q, inputs.k_cache, inputs.indices, **args) if q_format == "fp8" else None
+    out, lse, slack = _sparse_float64(q, inputs.k_cache, inputs.indices, **args, with_slack=q_format == "fp8")
     out_v, lse_v = mla_decode_sparse_float64(q, inputs.values, inputs.indices, **args)
     poisoned = torch.isnan(lse).permute(0, 2, 1)
     attended = torch.isfinite(lse).permute(0, 2, 1)
